@@ -72,7 +72,7 @@ def _set(module: nn.Module, path: str, value) -> None:
 
 def _layer_index(path: str) -> int:
     numbers = re.findall(r"\.(\d+)(?:\.|$)", path)
-    return int(numbers[-1]) if numbers else 0
+    return int(numbers[0]) if numbers else 0  # the block index: first number in the path
 
 
 def select_linear_out(linear: nn.Linear, rows: torch.Tensor, select: Select) -> None:

@@ -13,7 +13,6 @@ sdpa, flex) because it acts after attention. With `requires_grad_()` the keep va
 from __future__ import annotations
 
 import json
-import math
 import weakref
 from pathlib import Path
 from typing import Iterable, Mapping
@@ -259,8 +258,7 @@ class HeadMask:
 def _check_range(what: str, tensor: torch.Tensor) -> None:
     bad = tensor[~((tensor >= 0) & (tensor <= 1))]
     if bad.numel():
-        value = float(bad[0])
-        raise ValueError(f"{what}: keep value {value if not math.isnan(value) else 'nan'} is outside [0, 1].")
+        raise ValueError(f"{what}: keep value {float(bad[0]):.6g} is outside [0, 1].")
 
 
 def _layout_of(model_or_layout) -> HeadLayout:

@@ -65,8 +65,14 @@ def _read_tensors(path: Path) -> dict[str, torch.Tensor]:
                      f"saved by prunetrain.save_pruned.")
 
 
-def load_pruned(path: str | os.PathLike, device: str | torch.device | None = None) -> nn.Module:
-    """Rebuild a model saved by `save_pruned`, with exactly its per-site heads and weights (in eval mode)."""
+def load_pruned(
+    path: str | os.PathLike, device: str | torch.device | None = None, attn_implementation: str | None = None
+) -> nn.Module:
+    """Rebuild a model saved by `save_pruned`, with exactly its per-site heads and weights (in eval mode).
+
+    `attn_implementation` ("eager", "sdpa", "flex_attention", ...) chooses the attention backend as in
+    `from_pretrained`; by default transformers picks (sdpa on CPU).
+    """
     import transformers
     from transformers import AutoConfig, GenerationConfig
 
@@ -83,6 +89,8 @@ def load_pruned(path: str | os.PathLike, device: str | torch.device | None = Non
     model_cls = getattr(transformers, architectures[0], None) if architectures else None
     if model_cls is None:
         raise ValueError(f"path: config.json in {str(path)!r} names no loadable architecture ({architectures!r}).")
+    if attn_implementation is not None:
+        config._attn_implementation = attn_implementation
     model = model_cls(config)
 
     full = find_heads(model)
@@ -98,8 +106,11 @@ def load_pruned(path: str | os.PathLike, device: str | torch.device | None = Non
     missing, unexpected = model.load_state_dict(tensors, strict=False)
     if unexpected:
         raise ValueError(f"path: {str(path)!r} holds tensors this model does not have: {unexpected[:3]}.")
-    loaded = {model.state_dict()[k].data_ptr() for k in tensors}
-    untied = [k for k in missing if model.state_dict()[k].data_ptr() not in loaded]
+    state = model.state_dict()
+    loaded = {state[k].data_ptr() for k in tensors}
+    not_saved = set(getattr(model, "_keys_to_ignore_on_save", None) or ())  # e.g. Marian's sinusoidal positions
+    not_saved |= set(getattr(model, "_keys_to_ignore_on_load_missing", None) or ())
+    untied = [k for k in missing if state[k].data_ptr() not in loaded and not _matches_any(k, not_saved)]
     if untied:
         raise ValueError(f"path: {str(path)!r} lacks tensors for {untied[:3]}.")
     if (path / "generation_config.json").is_file():
@@ -107,3 +118,10 @@ def load_pruned(path: str | os.PathLike, device: str | torch.device | None = Non
     if device is not None:
         model.to(device)
     return model.eval()
+
+
+def _matches_any(key: str, patterns: set[str]) -> bool:
+    """HF lists keys it does not save as names or regular expressions."""
+    import re
+
+    return any(key == p or re.fullmatch(p, key) or re.search(p, key) for p in patterns)

@@ -86,3 +86,24 @@ def tiny_inputs(family: str, batch: int = 2, length: int = 7, seed: int = 0) -> 
     else:
         inputs["labels"] = ids.clone()
     return inputs
+
+
+def random_mask(model_or_layout, seed: int = 0, remove: float = 0.5, soft: bool = False, empty_site: int | None = 0):
+    """A reproducible random HeadMask: about `remove` of the heads (whole key/value groups under GQA) set to 0.
+
+    `empty_site`: index of a site whose heads are all removed (None: none). `soft`: kept heads get values in
+    (0, 1] instead of 1, to exercise scaling.
+    """
+    from prunetrain.mask import HeadMask
+
+    mask = HeadMask.ones(model_or_layout)
+    gen = torch.Generator().manual_seed(seed)
+    for index, site in enumerate(mask.layout):
+        g = site.group_size
+        groups = site.num_heads // g
+        alive = (torch.rand(groups, generator=gen) >= remove).repeat_interleave(g).float()
+        if empty_site is not None and index == empty_site:
+            alive.zero_()
+        values = alive * (torch.rand(site.num_heads, generator=gen) * 0.9 + 0.1 if soft else 1.0)
+        mask[site.name] = values
+    return mask

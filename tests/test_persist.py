@@ -1,0 +1,77 @@
+"""save_pruned / load_pruned: standard HF files plus the head layout; loading rebuilds the non-uniform model exactly."""
+
+import json
+
+import pytest
+import torch
+
+import prunetrain as pt
+from prunetrain.zoo import TINY_FAMILIES, random_mask, tiny_inputs, tiny_model
+
+
+@pytest.mark.parametrize("family", TINY_FAMILIES)
+def test_save_load_round_trip_is_exact(family, tmp_path):
+    model = tiny_model(family)
+    pt.shrink(model, random_mask(model, seed=11, soft=True, empty_site=1))
+    path = pt.save_pruned(model, tmp_path / "pruned")
+    assert sorted(p.name for p in path.iterdir() if p.suffix not in (".json",)) == ["model.safetensors"]
+    assert not any(p.suffix in (".bin", ".pt", ".pkl") for p in path.iterdir())  # no pickles
+    loaded = pt.load_pruned(path, attn_implementation="eager")
+    assert type(loaded) is type(model)
+    assert pt.find_heads(loaded) == pt.find_heads(model)
+    saved_state, loaded_state = model.state_dict(), loaded.state_dict()
+    assert saved_state.keys() == loaded_state.keys()
+    for key in saved_state:
+        assert torch.equal(saved_state[key], loaded_state[key]), key
+    inputs = tiny_inputs(family)
+    with torch.no_grad():
+        assert torch.equal(model(**inputs).logits, loaded(**inputs).logits)
+    layout = json.loads((path / "prunetrain_layout.json").read_text())
+    assert layout["sites"][1]["num_heads"] == 0
+
+
+def test_unpruned_model_round_trips_too(tmp_path):
+    model = tiny_model("marian")
+    loaded = pt.load_pruned(pt.save_pruned(model, tmp_path / "full"), attn_implementation="eager")
+    inputs = tiny_inputs("marian")
+    with torch.no_grad():
+        assert torch.equal(model(**inputs).logits, loaded(**inputs).logits)
+    assert loaded.generation_config.decoder_start_token_id == model.generation_config.decoder_start_token_id
+
+
+def test_loaded_model_generates_like_the_saved_one(tmp_path):
+    model = tiny_model("t5")
+    pt.shrink(model, random_mask(model, seed=2))
+    loaded = pt.load_pruned(pt.save_pruned(model, tmp_path / "t5"), attn_implementation="eager")
+    inputs = tiny_inputs("t5")
+    kwargs = dict(input_ids=inputs["input_ids"], attention_mask=inputs["attention_mask"], max_new_tokens=6)
+    with torch.no_grad():
+        assert torch.equal(model.generate(**kwargs), loaded.generate(**kwargs))
+
+
+def test_save_refuses_to_overwrite_and_leaves_nothing_half_written(tmp_path):
+    model = tiny_model("bert")
+    target = tmp_path / "out"
+    target.mkdir()
+    (target / "keep.txt").write_text("user data")
+    with pytest.raises(ValueError, match=r"path: '.*out' already exists and is not empty; pass overwrite=True"):
+        pt.save_pruned(model, target)
+    assert [p.name for p in target.iterdir()] == ["keep.txt"]
+    pt.save_pruned(model, target, overwrite=True)
+    assert (target / "prunetrain_layout.json").is_file() and not (target / "keep.txt").exists()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]  # no staging directory left behind
+
+
+def test_loading_something_else_is_a_clear_error(tmp_path):
+    with pytest.raises(ValueError, match=r"path: '.*empty' is not a pruned model directory \(expected config.json "
+                                         r"and prunetrain_layout.json"):
+        (tmp_path / "empty").mkdir()
+        pt.load_pruned(tmp_path / "empty")
+    plain = tmp_path / "plain"
+    tiny_model("bert").save_pretrained(plain)  # an ordinary HF directory
+    with pytest.raises(ValueError, match="is not a pruned model directory"):
+        pt.load_pruned(plain)
+    broken = pt.save_pruned(tiny_model("bert"), tmp_path / "broken")
+    (broken / "model.safetensors").unlink()
+    with pytest.raises(ValueError, match="has no model.safetensors"):
+        pt.load_pruned(broken)
