@@ -23,6 +23,12 @@ from torch import nn
 from prunetrain.heads import AttentionSite, HeadLayout, attention_sites, find_heads
 
 
+def scale_heads(x: torch.Tensor, values: torch.Tensor, head_dim: int) -> torch.Tensor:
+    """Multiply head h's slice of the concatenated head outputs x `[..., H * d]` by values[h]."""
+    values = values.to(device=x.device, dtype=x.dtype)
+    return (x.unflatten(-1, (-1, head_dim)) * values[:, None]).flatten(-2)  # [..., H, d] -> [..., H * d]
+
+
 class _HeadScale:
     """Forward pre-hook: multiply head h's slice of the output projection's input by keep[h]."""
 
@@ -31,10 +37,8 @@ class _HeadScale:
         self.head_dim = head_dim
 
     def __call__(self, module: nn.Module, args: tuple):
-        (x, *rest) = args  # x: [..., H * d]
-        keep = self.keep.to(device=x.device, dtype=x.dtype)
-        scaled = (x.unflatten(-1, (-1, self.head_dim)) * keep[:, None]).flatten(-2)  # [..., H, d] -> [..., H * d]
-        return (scaled, *rest)
+        (x, *rest) = args
+        return (scale_heads(x, self.keep, self.head_dim), *rest)
 
 
 class HeadMask:
