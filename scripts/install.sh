@@ -1,11 +1,30 @@
 #!/usr/bin/env bash
 # Set up prunetrain on a fresh machine: a virtualenv in .venv with torch and the package (editable) plus test tools.
-# Idempotent. PRUNETRAIN_TORCH picks another torch requirement (default torch==2.13.0, the CPU build; on a GPU
-# machine use e.g. PRUNETRAIN_TORCH="torch" with the CUDA index of your choice).
+# Idempotent. Options:
+#   --with-fairseq   also the fairseq extra: fairseq-fixed built against the installed torch (no build isolation,
+#                    otherwise pip fetches a CUDA torch into the build env), then torchaudio removed (it breaks
+#                    transformers imports here).
+# PRUNETRAIN_TORCH picks another torch requirement (default torch==2.13.0, the CPU build; on a GPU machine use e.g.
+# PRUNETRAIN_TORCH="torch" with the CUDA index of your choice).
 set -euo pipefail
 cd "$(dirname "$0")/.."
+with_fairseq=0
+for arg in "$@"; do
+  case "$arg" in
+    --with-fairseq) with_fairseq=1 ;;
+    *) echo "install.sh: unknown option '$arg' (allowed: --with-fairseq)" >&2; exit 2 ;;
+  esac
+done
 [ -x .venv/bin/python ] || python3 -m venv .venv
 PY=.venv/bin/python
 "$PY" -m pip install -q "${PRUNETRAIN_TORCH:-torch==2.13.0}"
 "$PY" -m pip install -q -e ".[test]"
+if [ "$with_fairseq" = 1 ]; then
+  if ! "$PY" -c "import fairseq" >/dev/null 2>&1; then
+    "$PY" -m pip install -q setuptools cython numpy wheel
+    "$PY" -m pip install -q --no-build-isolation fairseq-fixed==0.12.3.1
+  fi
+  "$PY" -m pip uninstall -y -q torchaudio >/dev/null 2>&1 || true
+  "$PY" -c "import fairseq, transformers; from transformers import MarianMTModel; print('fairseq', fairseq.__version__)"
+fi
 "$PY" -c "import torch, transformers, prunetrain; print(f'prunetrain {prunetrain.__version__}: torch {torch.__version__}, transformers {transformers.__version__}')"

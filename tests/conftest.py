@@ -1,0 +1,64 @@
+"""Shared fixtures.
+
+`data_dir`: the shared corpora (`<repo>/../shared/data`, or `$PRUNETRAIN_DATA`), read in place, never copied.
+It skips (with a loud reason) only when the default location truly does not exist outside CI; a
+`$PRUNETRAIN_DATA` that points nowhere, a missing corpus under an existing data directory, or absent data
+under CI (`CI=true`) fail instead of skipping.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+DATA_ENV = "PRUNETRAIN_DATA"
+
+
+def _data_location() -> tuple[Path, bool]:
+    env = os.environ.get(DATA_ENV)
+    if env:
+        return Path(env).expanduser(), True
+    return REPO.parent / "shared" / "data", False
+
+
+@pytest.fixture(scope="session")
+def data_dir() -> Path:
+    path, from_env = _data_location()
+    if not path.is_dir():
+        reason = (f"SHARED DATA ABSENT: {path} does not exist, so the tests that read real corpora cannot run. "
+                  f"Put the shared corpora at <repo>/../shared/data or set {DATA_ENV}=/path/to/data.")
+        if from_env or os.environ.get("CI", "").lower() in ("1", "true", "yes"):
+            pytest.fail(reason + (f" ({DATA_ENV} is set but points nowhere.)" if from_env else " (CI=true)"))
+        pytest.skip(reason)
+    return path
+
+
+@pytest.fixture(scope="session")
+def multi30k_dir(data_dir: Path) -> Path:
+    path = data_dir / "multi30k"
+    missing = [f"{split}.{lang}" for split in ("train", "valid", "test") for lang in ("de", "en")
+               if not (path / f"{split}.{lang}").is_file()]
+    if missing:
+        pytest.fail(f"{data_dir} exists but multi30k is incomplete: missing {', '.join(missing)} in {path}.")
+    return path
+
+
+@pytest.fixture(scope="session")
+def multi30k_train_slice(multi30k_dir):
+    """The first 2000 Multi30k training pairs."""
+    from prunetrain.data import read_parallel
+
+    return read_parallel(multi30k_dir, "train", limit=2000)
+
+
+@pytest.fixture(scope="session")
+def m30k_tokenizer(multi30k_train_slice, tmp_path_factory):
+    """A joint byte-level BPE tokenizer (vocab 2000) trained on 2000 Multi30k pairs, saved and reloaded."""
+    from prunetrain.data import load_tokenizer, train_tokenizer
+
+    path = tmp_path_factory.mktemp("tokenizer")
+    train_tokenizer(multi30k_train_slice, vocab_size=2000, path=path)
+    return load_tokenizer(path)

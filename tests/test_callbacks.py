@@ -1,0 +1,306 @@
+"""Trainer callbacks on real (tiny) Trainer runs: pruning events, curves that leave training untouched, Hard-Concrete
+gates trained through the documented gradient path, resume after a real kill, DDP with torchrun, TensorBoard."""
+
+import copy
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from transformers import (BertConfig, BertForSequenceClassification, MarianMTModel, Seq2SeqTrainer,
+                          Seq2SeqTrainingArguments, Trainer, TrainingArguments)
+
+import prunetrain as pt
+from prunetrain.callbacks import HardConcreteCallback, HeadPruningCallback, PruningCurveCallback
+from prunetrain.data import build_dataset, make_collator, marian_config, read_parallel, train_tokenizer
+from prunetrain.report_plots import read_image_tags, read_scalars
+
+TINY_SCRIPT = Path(__file__).parent / "dist" / "train_tiny.py"
+
+
+@pytest.fixture(scope="module")
+def tiny_mt(multi30k_dir):
+    pairs = read_parallel(multi30k_dir, "train", limit=256)
+    valid = read_parallel(multi30k_dir, "valid", limit=16)
+    tokenizer = train_tokenizer(pairs, vocab_size=300)
+    return pairs, valid, tokenizer
+
+
+def _marian(tokenizer, seed=0):
+    torch.manual_seed(seed)
+    return MarianMTModel(marian_config(tokenizer, d_model=32, ffn_dim=64, layers=2, heads=4, dropout=0.1,
+                                       attn_implementation="eager"))
+
+
+def _seq2seq_trainer(tmp_path, tiny_mt, callbacks, epochs=2, model=None):
+    pairs, _, tokenizer = tiny_mt
+    model = model or _marian(tokenizer)
+    dataset = build_dataset(pairs, tokenizer, max_length=24)
+    collator = make_collator(tokenizer, model)
+    args = Seq2SeqTrainingArguments(output_dir=str(tmp_path), num_train_epochs=epochs, per_device_train_batch_size=32,
+                                    learning_rate=2e-3, save_strategy="no", report_to=[], use_cpu=True,
+                                    logging_steps=4, seed=0, disable_tqdm=True)
+    return Seq2SeqTrainer(model=model, args=args, train_dataset=dataset, data_collator=collator,
+                          processing_class=tokenizer, callbacks=callbacks)
+
+
+def _fixed_batches(tiny_mt, model, count=2):
+    pairs, _, tokenizer = tiny_mt
+    dataset = build_dataset(pairs[: 16 * count], tokenizer, max_length=24)
+    collator = make_collator(tokenizer, model)
+    return [collator([dataset[i] for i in range(j, j + 16)]) for j in range(0, 16 * count, 16)]
+
+
+def test_mask_mode_prunes_on_schedule_and_logs_to_tensorboard(tmp_path, tiny_mt):
+    model = _marian(tiny_mt[2])
+    callback = HeadPruningCallback(at_epochs=[1, 2], prune={1: 0.25, 2: 12}, batches=_fixed_batches(tiny_mt, model))
+    trainer = _seq2seq_trainer(tmp_path, tiny_mt, [callback], model=model)
+    trainer.train()
+    assert callback.mask.num_kept == 12 and callback.mask.attached
+    events = json.loads((tmp_path / "prunetrain" / "pruning_events.json").read_text())
+    assert [(e["epoch"], e["heads_before"], e["heads_after"]) for e in events] == [(1, 24, 18), (2, 18, 12)]
+    assert sum(events[1]["per_kind_after"].values()) == 12
+    assert (tmp_path / "prunetrain" / "importance_epoch1.json").is_file()
+    scalars = read_scalars(tmp_path / "prunetrain" / "tensorboard")
+    assert scalars["prunetrain/heads_alive"] == [(1, 18.0), (2, 12.0)]
+    assert scalars["prunetrain/sparsity"][-1] == (2, 0.5)
+    assert read_image_tags(tmp_path / "prunetrain" / "tensorboard") == {"prunetrain/importance": 2}
+    # the mask is really in effect: the masked heads' q rows got no gradient signal through the loss
+    final = pt.HeadMask.from_json(tmp_path / "prunetrain" / "final_mask.json", model)
+    assert final == callback.mask
+
+
+def test_shrink_mode_removes_heads_mid_training_and_keeps_learning(tmp_path, tiny_mt):
+    model = _marian(tiny_mt[2])
+    callback = HeadPruningCallback(at_epochs=[1], prune={1: 0.5}, mode="shrink", batches=_fixed_batches(tiny_mt, model))
+    trainer = _seq2seq_trainer(tmp_path, tiny_mt, [callback], epochs=3, model=model)
+    params_before = sum(p.numel() for p in model.parameters())
+    trainer.train()
+    assert pt.find_heads(model).total_heads == 12
+    assert sum(p.numel() for p in model.parameters()) < params_before
+    losses = [log["loss"] for log in trainer.state.log_history if "loss" in log]
+    steps_per_epoch = 8
+    assert losses[-1] < losses[steps_per_epoch // 4]  # still learning after the shrink at the end of epoch 1
+    assert len(trainer.optimizer.param_groups[0]["params"]) > 0
+
+
+def test_curve_callback_leaves_training_bit_identical(tmp_path, tiny_mt):
+    """Same seed with and without the curve callback: the final weights must be identical (RNG, masks and mode
+    restored; nothing of the curve leaks into training)."""
+    _, valid, tokenizer = tiny_mt
+    plain = _seq2seq_trainer(tmp_path / "plain", tiny_mt, [])
+    plain.train()
+    model = _marian(tokenizer)
+    curve = PruningCurveCallback(at_epochs=[1, 2], fractions=[0, 0.5], eval_pairs=valid, batch_size=8,
+                                 importance_batches=_fixed_batches(tiny_mt, model), order="both", random_seeds=[3])
+    with_curve = _seq2seq_trainer(tmp_path / "curve", tiny_mt, [curve], model=model)
+    with_curve.train()
+    for (name, a), (_, b) in zip(plain.model.state_dict().items(), with_curve.model.state_dict().items()):
+        assert torch.equal(a, b), name
+    assert pt.attached_masks(with_curve.model) == []
+    curves = json.loads((tmp_path / "curve" / "prunetrain" / "curves.json").read_text())
+    assert set(curves) == {"1", "2"} and set(curves["2"]) == {"importance", "random_seed3"}
+    points = curves["2"]["importance"]["points"]
+    assert [p["fraction"] for p in points] == [0.0, 0.5] and [p["heads_kept"] for p in points] == [24, 12]
+    assert all(0 <= p["value"] <= 100 for p in points)
+    assert (tmp_path / "curve" / "prunetrain" / "curves.png").is_file()
+    tags = read_image_tags(tmp_path / "curve" / "prunetrain" / "tensorboard")
+    assert tags == {"prunetrain/pruning_curves": 2}
+    scalars = read_scalars(tmp_path / "curve" / "prunetrain" / "tensorboard")
+    assert [step for step, _ in scalars["prunetrain/curve_bleu/pruned_50pct"]] == [1, 2]
+
+
+def test_encoder_classifier_with_trainer(tmp_path, multi30k_dir):
+    """Language identification (German or English sentence) with a tiny BERT classifier: real text, real labels."""
+    pairs = read_parallel(multi30k_dir, "train", limit=96)
+    tokenizer = train_tokenizer(pairs, vocab_size=300)
+    texts = [s for s, _ in pairs] + [t for _, t in pairs]
+    labels = [0] * len(pairs) + [1] * len(pairs)
+    enc = tokenizer(texts, truncation=True, max_length=24)
+    dataset = [{"input_ids": ids, "labels": y} for ids, y in zip(enc["input_ids"], labels)]
+    from transformers import DataCollatorWithPadding
+
+    torch.manual_seed(0)
+    model = BertForSequenceClassification(BertConfig(vocab_size=len(tokenizer), hidden_size=32, num_hidden_layers=2,
+                                                     num_attention_heads=4, intermediate_size=64, num_labels=2,
+                                                     pad_token_id=tokenizer.pad_token_id))
+    collate = DataCollatorWithPadding(tokenizer)
+    batches = [collate(dataset[i:i + 16]) for i in (0, 100)]
+    prune = HeadPruningCallback(at_epochs=[1, 2], prune={2: 0.5}, batches=batches)
+    curve = PruningCurveCallback(at_epochs=[2], fractions=[0, 0.5, 0.75], metric="accuracy", eval_batches=batches,
+                                 importance_batches=batches)
+    gates = HardConcreteCallback(lam=0.01, output_dir=str(tmp_path / "gates"))
+    args = TrainingArguments(output_dir=str(tmp_path), num_train_epochs=2, per_device_train_batch_size=16,
+                             learning_rate=2e-3, save_strategy="no", report_to=[], use_cpu=True, seed=0,
+                             disable_tqdm=True)
+    Trainer(model=model, args=args, train_dataset=dataset, data_collator=collate, processing_class=tokenizer,
+            callbacks=[prune, curve, gates]).train()
+    assert prune.mask.num_kept == 4
+    curves = json.loads((tmp_path / "prunetrain" / "curves.json").read_text())
+    assert [p["heads_kept"] for p in curves["2"]["importance"]["points"]] == [4, 4, 2]
+    assert gates.final_mask is not None and len(gates.history) == 2
+
+
+def test_hard_concrete_gradient_path_equals_explicit_penalty_in_the_loss(tiny_mt):
+    """The callback adds ∇[λ Σ (1 − P(g = 0))] to the gate gradients at the optimizer step; that must equal
+    back-propagating L_xent + λ·L0 through one loss."""
+    _, _, tokenizer = tiny_mt
+    batch = _fixed_batches(tiny_mt, _marian(tokenizer), count=1)[0]
+    results = []
+    for path in ("callback", "explicit"):
+        model = _marian(tokenizer)
+        callback = HardConcreteCallback(lam=0.3, gate_lr=0.05)
+        callback.on_init_end(TrainingArguments(output_dir="unused", report_to=[], use_cpu=True), None, None,
+                             model=model)
+        model.train()
+        torch.manual_seed(7)  # the same gate samples and dropout in both paths
+        loss = model(**batch).loss
+        if path == "callback":
+            loss.backward()
+            callback.on_optimizer_step(None, None, None)
+        else:
+            (loss + callback.gates.penalty(0.3)).backward()
+            callback._gate_optimizer.step()
+        results.append({k: v.detach().clone() for k, v in callback.gates.state_dict().items()})
+    assert results[0].keys() == results[1].keys()
+    for key in results[0]:
+        assert torch.allclose(results[0][key], results[1][key], atol=1e-7), key
+    assert any(not torch.allclose(v, torch.full_like(v, 3.0), atol=1e-2) for v in results[0].values())
+
+
+def test_hard_concrete_budget_reaches_the_target(tmp_path, tiny_mt):
+    model = _marian(tiny_mt[2])
+    callback = HardConcreteCallback(target_heads=8, gate_lr=0.3, lagrangian_lr=0.5, finalize="shrink",
+                                    init_log_alpha=1.0)
+    trainer = _seq2seq_trainer(tmp_path, tiny_mt, [callback], epochs=4, model=model)
+    trainer.train()
+    history = json.loads((tmp_path / "prunetrain" / "gates_history.json").read_text())
+    assert [h["epoch"] for h in history] == [1, 2, 3, 4]
+    assert history[-1]["lambda_1"] > 0  # the multiplier grew while the budget was exceeded
+    assert abs(history[-1]["expected_l0"] - 8) < abs(history[0]["expected_l0"] - 8) or history[0]["expected_l0"] < 10
+    assert pt.find_heads(model).total_heads == callback.final_mask.num_kept
+    assert callback.final_mask.num_kept <= 14
+    assert read_image_tags(tmp_path / "prunetrain" / "tensorboard")["prunetrain/gate_p_open"] == 4
+
+
+def test_voita_encoder_only_gating_with_frozen_decoder(tmp_path, tiny_mt):
+    model = _marian(tiny_mt[2])
+    decoder_before = copy.deepcopy(model.model.decoder.layers[0].self_attn.q_proj.weight.detach())
+    encoder_before = copy.deepcopy(model.model.encoder.layers[0].self_attn.q_proj.weight.detach())
+    callback = HardConcreteCallback(lam=0.05, kinds=["encoder_self"], freeze="decoder")
+    _seq2seq_trainer(tmp_path, tiny_mt, [callback], epochs=1, model=model).train()
+    assert torch.equal(decoder_before, model.model.decoder.layers[0].self_attn.q_proj.weight)
+    assert not torch.equal(encoder_before, model.model.encoder.layers[0].self_attn.q_proj.weight)
+    assert set(callback.final_mask.kept_per_kind()) == {"encoder_self", "decoder_self", "cross"}
+    assert callback.final_mask.kept_per_kind()["cross"] == 8  # not gated
+
+
+def test_bad_configuration_is_rejected_with_the_argument_named(tmp_path, tiny_mt):
+    with pytest.raises(ValueError, match=r"at_epochs: 0 is not valid"):
+        HeadPruningCallback(at_epochs=[0])
+    with pytest.raises(ValueError, match=r"prune\[5\]: 1.5 is not a fraction in \[0, 1\]"):
+        HeadPruningCallback(prune={5: 1.5})
+    with pytest.raises(ValueError, match=r"prune\[3\]: -2 is negative"):
+        HeadPruningCallback(prune={3: -2})
+    with pytest.raises(ValueError, match=r"prune\[8\]: 0.2 is less than the 0.4 pruned before"):
+        HeadPruningCallback(prune={5: 0.4, 8: 0.2})
+    with pytest.raises(ValueError, match=r"mode: 'cut' is not one of 'mask', 'shrink'"):
+        HeadPruningCallback(mode="cut")
+    with pytest.raises(ValueError, match=r"kinds: 'decoder' is not an attention kind"):
+        HeadPruningCallback(kinds=["decoder"])
+    with pytest.raises(ValueError, match=r"fractions: 1.2 is not a fraction in \[0, 1\]"):
+        PruningCurveCallback(fractions=[0, 1.2], eval_pairs=[("a", "b")])
+    with pytest.raises(ValueError, match=r"eval_pairs: metric 'bleu' needs evaluation pairs"):
+        PruningCurveCallback()
+    with pytest.raises(ValueError, match=r"metric: 'perplexity' is not one of 'bleu', 'loss', 'accuracy'"):
+        PruningCurveCallback(metric="perplexity")
+    with pytest.raises(ValueError, match=r"lam: -1 must be a finite number >= 0"):
+        HardConcreteCallback(lam=-1)
+    with pytest.raises(ValueError, match=r"lam, target_heads: give exactly one"):
+        HardConcreteCallback(lam=0.1, target_heads=4)
+    with pytest.raises(ValueError, match=r"target_heads: 1.5 is not a share in \(0, 1\]"):
+        HardConcreteCallback(target_heads=1.5)
+    # checks that need the model and the training arguments run when the Trainer is built
+    with pytest.raises(ValueError, match=r"at_epochs/prune: epoch 5 is beyond training, which runs 2 epochs"):
+        _seq2seq_trainer(tmp_path, tiny_mt, [HeadPruningCallback(at_epochs=[1, 5])])
+    with pytest.raises(ValueError, match=r"prune\[1\]: 30 heads is more than the 24 heads in scope"):
+        _seq2seq_trainer(tmp_path, tiny_mt, [HeadPruningCallback(prune={1: 30})])
+    with pytest.raises(ValueError, match=r"kinds: this model has no 'self' attention"):
+        _seq2seq_trainer(tmp_path, tiny_mt, [HardConcreteCallback(lam=0.1, kinds=["self"])])
+    model = BertForSequenceClassification(BertConfig(vocab_size=50, hidden_size=32, num_hidden_layers=1,
+                                                     num_attention_heads=4, intermediate_size=32))
+    with pytest.raises(ValueError, match=r"metric: 'bleu' needs a model that can generate text"):
+        Trainer(model=model, args=TrainingArguments(output_dir=str(tmp_path), report_to=[], use_cpu=True),
+                callbacks=[PruningCurveCallback(eval_pairs=[("a", "b")])])
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# subprocess runs: resume after a real kill, and DDP with torchrun
+# ---------------------------------------------------------------------------------------------------------------------
+def _run(args, cwd, env=None):
+    return subprocess.run(args, cwd=cwd, env=env, capture_output=True, text=True, timeout=900)
+
+
+def _env():
+    env = dict(os.environ)
+    env["PYTHONPATH"] = str(Path(__file__).resolve().parents[1]) + os.pathsep + env.get("PYTHONPATH", "")
+    env.setdefault("OMP_NUM_THREADS", "1")
+    return env
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("mode", ["prune-mask", "prune-shrink", "gates"])
+def test_killed_and_resumed_run_ends_with_the_same_masks(tmp_path, multi30k_dir, mode):
+    full, killed = tmp_path / "full", tmp_path / "killed"
+    command = [sys.executable, str(TINY_SCRIPT), "--data", str(multi30k_dir), "--callback", mode]
+    done = _run(command + ["--out", str(full)], tmp_path, _env())
+    assert done.returncode == 0, done.stderr[-3000:]
+    # start again and kill -9 the process once the epoch-2 checkpoint (with our state) is on disk
+    process = subprocess.Popen(command + ["--out", str(killed)], cwd=tmp_path, env=_env(),
+                               stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    marker = killed / "checkpoint-32" / f"prunetrain-{'hard-concrete' if mode == 'gates' else 'head-pruning'}.json"
+    deadline = time.time() + 600
+    while not marker.exists() and process.poll() is None and time.time() < deadline:
+        time.sleep(0.05)
+    assert marker.exists(), process.stderr.read()[-3000:] if process.poll() is not None else "timed out"
+    time.sleep(0.5)
+    process.send_signal(signal.SIGKILL)
+    process.wait()
+    assert not (killed / "rank0_result.json").exists()  # it really died before the end
+    resumed = _run(command + ["--out", str(killed), "--resume"], tmp_path, _env())
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    a = json.loads((full / "rank0_result.json").read_text())
+    b = json.loads((killed / "rank0_result.json").read_text())
+    assert b["resumed_from"] is not None
+    assert a["mask"] == b["mask"] and a["layout"] == b["layout"]
+    if mode == "gates":
+        for key in a["log_alpha"]:
+            assert torch.allclose(torch.tensor(a["log_alpha"][key]), torch.tensor(b["log_alpha"][key]), atol=1e-5)
+
+
+@pytest.mark.slow
+@pytest.mark.distributed
+@pytest.mark.parametrize("mode", ["prune-mask", "gates"])
+def test_ddp_ranks_hold_identical_masks_and_only_rank0_writes(tmp_path, multi30k_dir, mode):
+    out = tmp_path / "ddp"
+    command = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port",
+               str(29500 + os.getpid() % 1000), str(TINY_SCRIPT), "--data", str(multi30k_dir), "--callback", mode,
+               "--out", str(out), "--epochs", "2" if mode == "gates" else "4"]
+    done = _run(command, tmp_path, _env())
+    assert done.returncode == 0, done.stderr[-4000:]
+    r0 = json.loads((out / "rank0_result.json").read_text())
+    r1 = json.loads((out / "rank1_result.json").read_text())
+    assert r0["mask"] == r1["mask"]
+    if mode == "gates":
+        assert r0["log_alpha"] == r1["log_alpha"]
+    else:
+        assert sum(sum(1 for v in keep if v) for keep in r0["mask"]["sites"].values()) == 12
+    event_files = list((out / "prunetrain" / "tensorboard").glob("events.out.tfevents.*"))
+    assert len(event_files) == 1  # rank 0 only
+    assert done.stderr.count("prunetrain: ") == done.stderr.count("prunetrain: ") and \
+        done.stderr.count("[mask]") in (0, 3)  # one log line per event, from rank 0 only

@@ -1,0 +1,151 @@
+"""The command line: one-line errors with exit code 2 (no traceback), recipe validation, and the thin commands on a
+real saved model."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+import prunetrain as pt
+from prunetrain.recipe import load_recipe, recipe_from_dict
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def cli(*args, cwd=None):
+    env = dict(os.environ, PYTHONPATH=str(REPO))
+    return subprocess.run([sys.executable, "-m", "prunetrain.cli", *map(str, args)], capture_output=True, text=True,
+                          cwd=cwd or REPO, env=env, timeout=900)
+
+
+def assert_user_error(result, pattern):
+    import re
+
+    assert result.returncode == 2, (result.returncode, result.stderr[-2000:])
+    assert "Traceback" not in result.stderr
+    lines = [line for line in result.stderr.strip().splitlines() if line.strip()]
+    assert len(lines) == 1, result.stderr
+    assert re.search(pattern, lines[0]), lines[0]
+
+
+def test_recipe_list_and_show():
+    listed = cli("recipe", "--list")
+    assert listed.returncode == 0 and "wmt-small-deen" in listed.stdout.split()
+    shown = cli("recipe", "wmt-small-deen", "--set", "train.epochs=3", "--show")
+    assert shown.returncode == 0 and "epochs: 3" in shown.stdout and "heads: 8" in shown.stdout
+
+
+@pytest.mark.parametrize("args, pattern", [
+    (["recipe", "nope"], r"recipe: 'nope' is not a recipe; available: .*wmt-small-deen"),
+    (["recipe", "wmt-small-deen", "--set", "train.epochz=3"],
+     r"--set train.epochz: unknown key 'epochz'; valid keys in train are epochs, batch_size"),
+    (["recipe", "wmt-small-deen", "--set", "train.epochs=three", "--show"], r"train.epochs: 'three' is not an integer"),
+    (["recipe", "wmt-small-deen", "--set", "model=3"], r"--set model: 'model' is a section"),
+    (["recipe", "wmt-small-deen", "--set", "epochs"], r"--set: 'epochs' is not of the form section.key=value"),
+    (["recipe", "wmt-small-deen", "--data-dir", "/nonexistent/dir"], r"data: '/nonexistent/dir' is not a directory"),
+])
+def test_bad_recipe_input_is_one_line_and_exit_2(args, pattern):
+    assert_user_error(cli(*args), pattern)
+
+
+def test_recipe_refuses_an_output_directory_that_holds_a_run(tmp_path, multi30k_dir):
+    out = tmp_path / "run"
+    out.mkdir()
+    (out / "recipe.yaml").write_text("name: x\n")
+    result = cli("recipe", "wmt-small-deen", "--data-dir", multi30k_dir, "--output", out)
+    assert_user_error(result, r"output: '.*run' already holds a run; pass --resume to continue it or --overwrite")
+    assert (out / "recipe.yaml").read_text() == "name: x\n"  # nothing overwritten
+    both = cli("recipe", "wmt-small-deen", "--data-dir", multi30k_dir, "--output", out, "--resume", "--overwrite")
+    assert_user_error(both, r"--resume and --overwrite: choose one")
+
+
+def test_recipe_yaml_validation_lists_valid_keys(tmp_path):
+    with pytest.raises(ValueError, match=r"pruning.final: unknown key; valid keys in pruning are importance_epochs, "):
+        recipe_from_dict({"pruning": {"final": 0.5}})
+    with pytest.raises(ValueError, match=r"train.learning_rate: 'fast' is not a number"):
+        recipe_from_dict({"train": {"learning_rate": "fast"}})
+    with pytest.raises(ValueError, match=r"pruning.schedule\[5\]: 'x' is not a number"):
+        recipe_from_dict({"pruning": {"schedule": {5: "x"}}})
+    recipe = load_recipe("wmt-small-deen", ["pruning.schedule={5: 0.2, 8: 0.4}", "train.learning_rate=1"])
+    assert recipe.pruning.schedule == {5: 0.2, 8: 0.4} and recipe.train.learning_rate == 1.0
+    assert recipe.model.layers == 6 and recipe.model.heads == 8
+
+
+@pytest.fixture(scope="module")
+def saved_translation_model(tmp_path_factory, multi30k_dir):
+    from transformers import MarianMTModel
+
+    from prunetrain.data import marian_config, read_parallel, train_tokenizer
+    from prunetrain.translation import save_translation_model
+
+    pairs = read_parallel(multi30k_dir, "train", limit=300)
+    tokenizer = train_tokenizer(pairs, vocab_size=300)
+    torch.manual_seed(0)
+    model = MarianMTModel(marian_config(tokenizer, d_model=32, ffn_dim=64, layers=2, heads=4))
+    path = tmp_path_factory.mktemp("cli") / "model"
+    save_translation_model(model, tokenizer, path)
+    return path
+
+
+def test_importance_prune_shrink_evaluate_on_a_saved_model(tmp_path, saved_translation_model, multi30k_dir):
+    scores = cli("importance", saved_translation_model, "--data-dir", multi30k_dir, "--num-batches", "1",
+                 "--batch-size", "8", "--output", tmp_path / "scores.json")
+    assert scores.returncode == 0, scores.stderr[-2000:]
+    data = json.loads((tmp_path / "scores.json").read_text())
+    assert len(data["sites"] if "sites" in data else data["values"]) == 6
+    pruned = cli("prune", saved_translation_model, "--data-dir", multi30k_dir, "--amount", "0.5", "--num-batches",
+                 "1", "--batch-size", "8", "--output", tmp_path / "pruned")
+    assert pruned.returncode == 0, pruned.stderr[-2000:]
+    assert json.loads(pruned.stdout)["heads_kept"] == 12
+    assert pt.find_heads(pt.load_pruned(tmp_path / "pruned")).total_heads == 12
+    shrunk = cli("shrink", saved_translation_model, "--mask", tmp_path / "pruned" / "mask.json", "--output",
+                 tmp_path / "shrunk")
+    assert shrunk.returncode == 0, shrunk.stderr[-2000:]
+    evaluated = cli("evaluate", tmp_path / "shrunk", "--data-dir", multi30k_dir, "--split", "valid", "--limit", "8",
+                    "--beams", "1", "--output", tmp_path / "eval.json")
+    assert evaluated.returncode == 0, evaluated.stderr[-2000:]
+    result = json.loads((tmp_path / "eval.json").read_text())
+    assert result["num_sentences"] == 8 and result["bleu_signature"].startswith("nrefs:1")
+    assert "chrf" in result
+    again = cli("prune", saved_translation_model, "--data-dir", multi30k_dir, "--output", tmp_path / "pruned")
+    assert_user_error(again, r"path: '.*pruned' already exists and is not empty; pass overwrite=True")
+
+
+def test_thin_commands_reject_bad_input(tmp_path, saved_translation_model, multi30k_dir):
+    assert_user_error(cli("evaluate", tmp_path, "--data-dir", multi30k_dir), r"has no config.json")
+    assert_user_error(cli("evaluate", saved_translation_model, "--data-dir", multi30k_dir, "--beams", "0"),
+                      r"--beams: 0 must be >= 1")
+    assert_user_error(cli("shrink", saved_translation_model, "--mask", tmp_path / "none.json", "--output",
+                          tmp_path / "x"), r"--mask: '.*none.json' is not a file")
+    (tmp_path / "bad.json").write_text(json.dumps({"sites": {"nope": [1.0]}}))
+    assert_user_error(cli("shrink", saved_translation_model, "--mask", tmp_path / "bad.json", "--output",
+                          tmp_path / "x"), r"mask data: unknown site 'nope'")
+    assert_user_error(cli("prune", saved_translation_model, "--data-dir", multi30k_dir, "--amount", "1.5",
+                          "--output", tmp_path / "y"), r"amount: 1.5 is not a fraction in \[0, 1\]|1.5")
+    assert not (tmp_path / "x").exists() and not (tmp_path / "y").exists()
+    usage = cli("evaluate")
+    assert usage.returncode == 2 and "Traceback" not in usage.stderr
+
+
+@pytest.mark.slow
+def test_smoke_recipe_runs_end_to_end(tmp_path, multi30k_dir):
+    out = tmp_path / "smoke"
+    result = cli("recipe", "wmt-small-deen", "--smoke", "--data-dir", multi30k_dir, "--output", out)
+    assert result.returncode == 0, result.stderr[-4000:]
+    summary = json.loads(result.stdout)
+    assert summary["heads_kept"] == 12 and summary["heads_total"] == 24
+    results = json.loads((out / "results.json").read_text())
+    assert results["test_pruned"]["bleu"] == pytest.approx(results["test_masked"]["bleu"], abs=1e-9)
+    assert results["test_full"]["bleu_signature"].startswith("nrefs:1")
+    report = (out / "report.md").read_text()
+    assert "Final results" in report and "Pruned-BLEU curves" in report
+    assert (out / "pruned" / "prunetrain_layout.json").is_file() and (out / "full" / "model.safetensors").is_file()
+    loaded = pt.load_pruned(out / "pruned")
+    assert pt.find_heads(loaded).total_heads == 12
+    curves = json.loads((out / "prunetrain" / "curves.json").read_text())
+    assert len(curves["2"]["importance"]["points"]) == 4
+    assert list((out / "runs").rglob("events.out.tfevents.*")) or list(out.rglob("events.out.tfevents.*"))
