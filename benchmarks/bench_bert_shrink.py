@@ -18,6 +18,7 @@ from prunetrain.bench import benchmark, make_inputs
 
 NONUNIFORM_KEPT = [10, 9, 8, 7, 6, 6, 6, 6, 5, 4, 3, 2]  # 72 of 144 heads, like the uniform 50 %
 TARGET = 0.95
+CLI_NAMES = {"25": "-25%", "50": "-50%", "75": "-75%", "nonuniform": "-50% non-uniform"}
 
 
 def main() -> None:
@@ -25,6 +26,8 @@ def main() -> None:
     p.add_argument("--attn", nargs="+", default=["sdpa", "eager"], choices=["sdpa", "eager"])
     p.add_argument("--batch", type=int, default=32)
     p.add_argument("--seq", type=int, default=128)
+    p.add_argument("--variants", nargs="+", default=list(CLI_NAMES), choices=list(CLI_NAMES),
+                   help="shrunk models to compare (default: all)")
     p.add_argument("--no-profile", action="store_true", help="skip the profiled original vs -50%% calls")
     args = p.parse_args()
     machine = C.setup(args)
@@ -42,19 +45,20 @@ def main() -> None:
         config._attn_implementation = attn
         torch.manual_seed(0)
         original = tf.BertModel(config).eval()
-        variants = {
-            "-25%": C.shrunk_copy(original, C.fraction_kept(0.25), seed=1),
-            "-50%": C.shrunk_copy(original, C.fraction_kept(0.50), seed=2),
-            "-75%": C.shrunk_copy(original, C.fraction_kept(0.75), seed=3),
-            "-50% non-uniform": C.shrunk_copy(original, lambda site: NONUNIFORM_KEPT[site.layer], seed=4),
+        patterns = {
+            "-25%": (C.fraction_kept(0.25), 1),
+            "-50%": (C.fraction_kept(0.50), 2),
+            "-75%": (C.fraction_kept(0.75), 3),
+            "-50% non-uniform": (lambda site: NONUNIFORM_KEPT[site.layer], 4),
         }
+        variants = {CLI_NAMES[n]: C.shrunk_copy(original, *patterns[CLI_NAMES[n]]) for n in args.variants}
         print(f"\n## {attn}: batch {batch} × {args.seq}, fp32, {torch.get_num_threads()} threads", flush=True)
         result = benchmark(original, variants, batch_sizes=(batch,), seq_lens=(args.seq,), dtype="fp32",
                            warmup=args.warmup, repeats=repeats, progress=lambda m: print("  ...", m, flush=True))
         result.meta["attn_implementation"] = attn
         print(result.table(), flush=True)
         results[attn] = result
-        if not args.no_profile:
+        if not args.no_profile and "-50%" in variants:
             inputs = make_inputs(original, batch, args.seq)
 
             def forward(model):

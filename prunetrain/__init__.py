@@ -25,6 +25,9 @@ _LAZY = {
     "ablation_scores": "prunetrain.importance", "confidence_scores": "prunetrain.importance",
     "random_scores": "prunetrain.importance", "get_scorer": "prunetrain.importance",
     "register_scorer": "prunetrain.importance", "Scorer": "prunetrain.importance",
+    "SCORERS": "prunetrain.importance", "GradientScorer": "prunetrain.importance",
+    "AblationScorer": "prunetrain.importance", "ConfidenceScorer": "prunetrain.importance",
+    "RandomScorer": "prunetrain.importance", "PruneResult": "prunetrain.selection", "PruneStep": "prunetrain.selection",
     "select_heads": "prunetrain.selection", "iterative_prune": "prunetrain.selection",
     "pruning_curve": "prunetrain.curve", "Curve": "prunetrain.curve",
     # gates

@@ -137,7 +137,9 @@ def summarize(values: Sequence[float]) -> dict:
 
 
 def compare_times(times_a: Sequence[float], times_b: Sequence[float]) -> dict:
-    """Speedup of B over A from paired times (pair i = round i): ratio of medians and median of per-pair ratios."""
+    """Speedup of B over A from paired times (pair i = round i): ratio of medians (the headline), median and
+    quartiles of the per-pair ratios, and the ratio of minima (other processes only ever add time, so on a shared
+    machine the fastest run of each is the least disturbed one; with few runs it is itself noisy)."""
     if len(times_a) != len(times_b) or not times_a:
         raise ValueError(f"times_a, times_b: need the same non-zero number of paired runs, got "
                          f"{len(times_a)} and {len(times_b)}.")
@@ -145,6 +147,7 @@ def compare_times(times_a: Sequence[float], times_b: Sequence[float]) -> dict:
     ps = summarize(pair)
     return {
         "speedup": statistics.median(times_a) / statistics.median(times_b),
+        "speedup_min": min(times_a) / min(times_b),
         "speedup_pair_median": ps["median"],
         "speedup_pair_q1": ps["q1"],
         "speedup_pair_q3": ps["q3"],
@@ -175,11 +178,9 @@ class Alternation:
     cpu_times: dict[str, list[float]] = field(default_factory=dict)
 
     def order_string(self) -> str:
-        """E.g. `AB BA AB` (first letter of each label when they are distinct, else the labels joined by `,`)."""
-        initials = [label[:1].upper() for label in self.labels]
-        short = len(set(initials)) == len(initials)
-        fmt = (lambda r: "".join(label[:1].upper() for label in r)) if short else (lambda r: ",".join(r))
-        return " ".join(fmt(r) for r in self.order)
+        """The executed order, one group per round, arms as letters in label order: `AB BA AB` (A = first label)."""
+        letter = {label: chr(ord("A") + i) if i < 26 else f"[{label}]" for i, label in enumerate(self.labels)}
+        return " ".join("".join(letter[label] for label in r) for r in self.order)
 
 
 def _sync(device: torch.device | None) -> None:

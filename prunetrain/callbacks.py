@@ -782,8 +782,8 @@ class HardConcreteCallback(PrunetrainCallback):
                   "open_per_site": per_site, "penalty": self._last_penalty,
                   "p_open": [[None if math.isnan(v) else v for v in row] for row in prob_open.tolist()]}
         if self.lagrangian is not None:
-            record["lambda_1"] = float(self.lagrangian.lambda_1)
-            record["lambda_2"] = float(self.lagrangian.lambda_2)
+            record["lambda_1"] = float(self.lagrangian.lambda_1.detach())
+            record["lambda_2"] = float(self.lagrangian.lambda_2.detach())
         self.history.append(record)
         self._write_json("gates_history.json", self.history)
         self._tb_scalar("prunetrain/heads_alive", sum(per_kind.values()), epoch)

@@ -349,9 +349,11 @@ def marian_config(vocab_size_or_tokenizer=8000, *, d_model: int = 256, ffn_dim: 
     """A `MarianConfig` for a Transformer trained from scratch with a tokenizer from `train_tokenizer`.
 
     Post-norm Transformer layers (as in Vaswani et al. and Marian), ReLU, sinusoidal positions, scaled embeddings,
-    one embedding matrix shared by encoder, decoder and output layer (`share_encoder_decoder_embeddings=True`, `tie_word_embeddings=True`), pad/eos/decoder
-    start from the tokenizer (or the fixed ids `PAD_ID`, `EOS_ID`). Any MarianConfig field can be overridden.
-    `attn_implementation="eager"` trains fastest under bf16 autocast on CPU (FACTS); default is transformers' (sdpa).
+    one embedding matrix shared by encoder, decoder and output layer (`share_encoder_decoder_embeddings=True`,
+    `tie_word_embeddings=True`), pad/eos/decoder start from the tokenizer (or the fixed ids `PAD_ID`, `EOS_ID`).
+    Any MarianConfig field can be overridden.
+    `attn_implementation="eager"` trained fastest under bf16 autocast on a CPU with avx512_bf16 (FACTS); the default
+    is transformers' (sdpa). On CPUs without native bf16 (see `prunetrain.device`) stay in fp32.
     """
     from transformers import MarianConfig
 

@@ -20,7 +20,7 @@ from typing import Iterable, Mapping
 import torch
 from torch import nn
 
-from prunetrain.heads import AttentionSite, HeadLayout, attention_sites, find_heads
+from prunetrain.heads import AttentionSite, HeadLayout, attention_sites, find_heads, unwrap_model
 
 
 def scale_heads(x: torch.Tensor, values: torch.Tensor, head_dim: int) -> torch.Tensor:
@@ -155,6 +155,7 @@ class HeadMask:
         """Register one forward pre-hook per site on `model`'s output projections. Returns self."""
         if self.attached:
             raise RuntimeError("HeadMask.attach: this mask is already attached; call detach() first.")
+        model = unwrap_model(model)  # record it under the model itself, not a DDP / accelerate wrapper
         sites = attention_sites(model)
         self.check_matches(sites)
         for site in sites:
@@ -275,9 +276,9 @@ _ATTACHED: "weakref.WeakKeyDictionary[nn.Module, list]" = weakref.WeakKeyDiction
 
 
 def _attached_masks(model: nn.Module) -> list:
-    return _ATTACHED.setdefault(model, [])
+    return _ATTACHED.setdefault(unwrap_model(model), [])
 
 
 def attached_masks(model: nn.Module) -> list[HeadMask]:
-    """The HeadMasks currently attached to `model`."""
-    return list(_ATTACHED.get(model, []))
+    """The HeadMasks currently attached to `model` (or to the model inside a DDP / accelerate wrapper)."""
+    return list(_ATTACHED.get(unwrap_model(model), []))

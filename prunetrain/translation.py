@@ -20,6 +20,8 @@ from typing import Sequence
 import torch
 from torch import nn
 
+from prunetrain.device import bf16_is_fast
+
 DEFAULT_MAX_LEN_A = 1.5
 DEFAULT_MAX_LEN_B = 10
 
@@ -29,29 +31,11 @@ def _model_device(model: nn.Module) -> torch.device:
     return param.device if param is not None else torch.device("cpu")
 
 
-def cpu_has_fast_bf16() -> bool:
-    """True if this CPU does bf16 matmuls natively (x86 `avx512_bf16` or `amx_bf16` flags; Linux only).
-
-    Without them PyTorch emulates bf16 and `autocast_bf16` is much slower than fp32 (measured on an AVX2-only
-    AMD EPYC: a 256×1024 linear layer ran at 4 GFLOP/s in bf16 against 29-38 in fp32, and greedy generation of the
-    6+6/d256 model 4-5× slower), while on a CPU with `avx512_bf16` it is about 1.35× faster (FACTS).
-    """
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as f:
-            for line in f:
-                if line.startswith("flags"):
-                    flags = set(line.split(":", 1)[1].split())
-                    return bool(flags & {"avx512_bf16", "amx_bf16"})
-    except OSError:
-        pass
-    return False
-
-
 def _use_bf16(autocast_bf16: bool | str, device: torch.device) -> bool:
+    """Resolve `autocast_bf16` (True, False or "auto": bf16 only where the hardware has native bf16; without it
+    PyTorch emulates bf16 on CPU and generation is several times slower than fp32, see `prunetrain.device`)."""
     if autocast_bf16 == "auto":
-        if device.type == "cuda":
-            return torch.cuda.is_bf16_supported()
-        return device.type == "cpu" and cpu_has_fast_bf16()
+        return bf16_is_fast(device)
     if not isinstance(autocast_bf16, bool):
         raise ValueError(f"autocast_bf16 must be True, False or 'auto', not {autocast_bf16!r}.")
     return autocast_bf16
@@ -67,7 +51,8 @@ def _length_caps(lengths: Sequence[int], max_new_tokens: int | None, limit: int 
 
 def translate(model: nn.Module, tokenizer, sources: Sequence[str], *, batch_size: int = 64, num_beams: int = 1,
               max_new_tokens: int | None = None, autocast_bf16: bool | str = False,
-              device: str | torch.device | None = None, max_source_length: int | None = None, suppress_pad: bool = True, **generate_kwargs) -> list[str]:
+              device: str | torch.device | None = None, max_source_length: int | None = None,
+              suppress_pad: bool = True, **generate_kwargs) -> list[str]:
     """Translate `sources` with `model.generate`; returns detokenized strings in the order of `sources`.
 
     - Sentences are sorted by source length (longest first) and run in batches of `batch_size`, so each batch
@@ -75,12 +60,13 @@ def translate(model: nn.Module, tokenizer, sources: Sequence[str], *, batch_size
     - `max_new_tokens=None` gives each sentence its own bound, ceil(1.5 · source tokens) + 10 (capped by the
       model's `max_position_embeddings`). With greedy search (`num_beams=1`) a sentence's output is exactly what
       it would be alone (greedy is prefix-consistent, so a batch runs to its longest bound and each row is cut to
-      its own). With beam search the batch's largest bound is used for all rows.
+      its own; models whose generation config forces EOS at the length limit, like converted OPUS-MT checkpoints,
+      may differ in the last token of a truncated output). With beam search the batch's largest bound is used.
     - `suppress_pad` (default): the pad token, which Marian uses as decoder start, is never generated (Marian's
       own checkpoints do the same with `bad_words_ids=[[pad]]`).
     - `autocast_bf16=True` runs under `torch.autocast(dtype=torch.bfloat16)`: about 1.35× faster on a CPU with
       `avx512_bf16` (FACTS), but several times *slower* on an AVX2-only CPU; `"auto"` uses it only where the
-      hardware has native bf16 (`cpu_has_fast_bf16()`, or a CUDA device that supports it).
+      hardware has native bf16 (`prunetrain.device.bf16_is_fast`: avx512_bf16/AMX CPUs, bf16-capable CUDA).
     - The model runs under `torch.inference_mode()` in eval mode; its train/eval mode (and, if `device` moved it,
       its device) is restored afterwards. Extra keyword arguments go to `generate` (e.g. `min_new_tokens`).
     Any attached `HeadMask` hooks stay active, so `with mask.applied(model): translate(...)` scores a masked model.
@@ -245,6 +231,8 @@ def evaluate_directory(model_path: str | os.PathLike, data_dir: str | os.PathLik
     from prunetrain.heads import find_heads
 
     model_path = Path(model_path)
+    if not (model_path / "config.json").is_file():
+        raise ValueError(f"evaluate_directory: {model_path} has no config.json; it is not a saved model directory.")
     pairs = read_parallel(data_dir, split, src, tgt, limit)
     tokenizer = load_tokenizer(Path(tokenizer_path) if tokenizer_path is not None else _find_tokenizer_dir(model_path))
     model = load_translation_model(model_path, device=device)
@@ -254,5 +242,5 @@ def evaluate_directory(model_path: str | os.PathLike, data_dir: str | os.PathLik
     return result
 
 
-__all__ = ["cpu_has_fast_bf16", "evaluate_bleu", "evaluate_directory", "load_translation_model", "save_translation_model",
-           "score_translations", "translate"]
+__all__ = ["evaluate_bleu", "evaluate_directory", "load_translation_model",
+           "save_translation_model", "score_translations", "translate"]

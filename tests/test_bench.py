@@ -145,7 +145,7 @@ def test_benchmark_flop_ideal_speedup_after_shrink(bert_result):
 def test_benchmark_ab_order_alternates_and_is_recorded(bert_result):
     row = bert_result.rows[0]
     assert row["order"] == [["original", "pruned"], ["pruned", "original"]] * 2
-    assert row["order_string"] == "OP PO OP PO"
+    assert row["order_string"] == "AB BA AB BA"
     assert row["warmup_order"] == [["original", "pruned"]]
 
 

@@ -26,7 +26,7 @@ TINY_SCRIPT = Path(__file__).parent / "dist" / "train_tiny.py"
 @pytest.fixture(scope="module")
 def tiny_mt(multi30k_dir):
     pairs = read_parallel(multi30k_dir, "train", limit=256)
-    valid = read_parallel(multi30k_dir, "valid", limit=16)
+    valid = read_parallel(multi30k_dir, "valid", limit=8)
     tokenizer = train_tokenizer(pairs, vocab_size=300)
     return pairs, valid, tokenizer
 
@@ -302,5 +302,8 @@ def test_ddp_ranks_hold_identical_masks_and_only_rank0_writes(tmp_path, multi30k
         assert sum(sum(1 for v in keep if v) for keep in r0["mask"]["sites"].values()) == 12
     event_files = list((out / "prunetrain" / "tensorboard").glob("events.out.tfevents.*"))
     assert len(event_files) == 1  # rank 0 only
-    assert done.stderr.count("prunetrain: ") == done.stderr.count("prunetrain: ") and \
-        done.stderr.count("[mask]") in (0, 3)  # one log line per event, from rank 0 only
+    # one log line per event, from rank 0 only
+    if mode == "gates":
+        assert done.stderr.count("prunetrain: epoch ") == 2 and done.stderr.count("prunetrain: final gates") == 1
+    else:
+        assert done.stderr.count("pruned heads") == 3

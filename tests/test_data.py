@@ -119,7 +119,8 @@ def test_round_trip_is_lossless_on_multi30k(m30k_tokenizer, multi30k_dir):
     """decode(encode(s)) == s, also for held-out sentences and characters never seen in training (byte-level)."""
     sentences = [s for pair in read_parallel(multi30k_dir, "test_2017_mscoco") for s in pair]
     sentences += [s for pair in read_parallel(multi30k_dir, "valid", limit=300) for s in pair]
-    sentences += ["Ein Kätzchen – «très» ½ naïve 東京 🐕 …", "tab\tinside", "double  space, trailing space "]
+    sentences += ["Ein Kätzchen – «très» ½ naïve 東京 🐕 …", "tab\tinside",
+                  "double  space, trailing space "]
     encoded = m30k_tokenizer(sentences)["input_ids"]
     assert all(UNK_ID not in ids for ids in encoded)
     decoded = m30k_tokenizer.batch_decode(encoded, skip_special_tokens=True)

@@ -246,3 +246,27 @@ def test_unsupported_optimizer_state_is_a_clear_error():
         pt.shrink(model, random_mask(model, seed=0), optimizer=Factored(model.parameters()))
     with pytest.raises(TypeError, match="optimizer: expected a torch.optim.Optimizer"):
         pt.shrink(model, random_mask(model, seed=0), optimizer=object())
+
+
+def test_masks_attached_through_a_wrapper_are_seen_by_shrink():
+    """DDP / accelerate wrap the model in `.module`; a mask attached through the wrapper belongs to the model."""
+    model = tiny_model("bert")
+
+    class Wrapper(torch.nn.Module):
+        def __init__(self, module):
+            super().__init__()
+            self.module = module
+
+        def forward(self, **kwargs):
+            return self.module(**kwargs)
+
+    wrapped = Wrapper(model)
+    names = pt.find_heads(model).names
+    attached = pt.HeadMask.from_heads(model, {names[0]: [0]}).attach(wrapped)
+    assert pt.attached_masks(model) == [attached] == pt.attached_masks(wrapped)
+    with pytest.raises(ValueError, match="another HeadMask is attached"):
+        pt.shrink(wrapped, pt.HeadMask.from_heads(model, {names[1]: [1]}))
+    pt.shrink(wrapped, attached)
+    assert pt.attached_masks(model) == [] and pt.find_heads(model).sites[0].num_heads == 3
+    with torch.no_grad():
+        wrapped(**tiny_inputs("bert"))

@@ -11,8 +11,10 @@ from transformers import MarianMTModel
 
 import prunetrain as pt
 from prunetrain.data import PAD_ID, marian_config_small, read_parallel
+from prunetrain.device import bf16_is_fast
 from prunetrain.translation import (
-    cpu_has_fast_bf16, evaluate_bleu, evaluate_directory, load_translation_model, save_translation_model, score_translations, translate,
+    evaluate_bleu, evaluate_directory, load_translation_model, save_translation_model,
+    score_translations, translate,
 )
 
 
@@ -89,7 +91,7 @@ def test_translate_beam_search_and_bf16_run(m30k_tokenizer, valid_pairs):
     assert all(isinstance(t, str) for t in beams + bf16)
     assert translate(model, m30k_tokenizer, []) == []
     auto = evaluate_bleu(model, m30k_tokenizer, valid_pairs[:4], max_new_tokens=4, autocast_bf16="auto")
-    assert auto["autocast_bf16"] is cpu_has_fast_bf16()  # bf16 only where the CPU has native bf16 matmuls
+    assert auto["autocast_bf16"] is bf16_is_fast("cpu")  # bf16 only where the CPU has native bf16 matmuls
     with pytest.raises(ValueError, match="autocast_bf16 must be True, False or 'auto'"):
         translate(model, m30k_tokenizer, sources, autocast_bf16="yes")
     with pytest.raises(ValueError, match="batch_size"):
@@ -164,4 +166,4 @@ def test_evaluate_directory_scores_saved_pruned_and_full_models(m30k_tokenizer, 
     with pytest.raises(ValueError, match="splits with both"):
         evaluate_directory(pruned_dir, multi30k_dir, "nonexistent_split")
     with pytest.raises(ValueError, match="no config.json"):
-        evaluate_directory(tmp_path, multi30k_dir, "test", tokenizer_path=pruned_dir)
+        evaluate_directory(tmp_path, multi30k_dir, "test")

@@ -1,0 +1,66 @@
+"""A tiny real Seq2SeqTrainer run with prunetrain callbacks, for the resume-after-kill and DDP tests.
+
+python train_tiny.py --out DIR --data DIR/multi30k --callback prune-mask|prune-shrink|gates [--epochs N] [--resume]
+(also under `torchrun --nproc_per_node 2`). Each rank writes `rank<r>_result.json` with its final mask.
+"""
+
+import argparse
+import json
+import os
+from pathlib import Path
+
+import torch
+from transformers import MarianMTModel, Seq2SeqTrainer, Seq2SeqTrainingArguments
+
+from prunetrain.callbacks import HardConcreteCallback, HeadPruningCallback, restore_layout
+from prunetrain.data import build_dataset, make_collator, marian_config, read_parallel, train_tokenizer
+from prunetrain.heads import find_heads
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--out", required=True)
+    parser.add_argument("--data", required=True)
+    parser.add_argument("--callback", required=True, choices=["prune-mask", "prune-shrink", "gates"])
+    parser.add_argument("--epochs", type=int, default=4)
+    parser.add_argument("--resume", action="store_true")
+    opts = parser.parse_args()
+    out = Path(opts.out)
+    rank = int(os.environ.get("RANK", "0"))
+
+    pairs = read_parallel(opts.data, "train", limit=256)
+    tokenizer = train_tokenizer(pairs, vocab_size=300)
+    torch.manual_seed(0)
+    model = MarianMTModel(marian_config(tokenizer, d_model=32, ffn_dim=64, layers=2, heads=4, dropout=0.1,
+                                        attn_implementation="eager"))
+    dataset = build_dataset(pairs, tokenizer, max_length=24)
+    collator = make_collator(tokenizer, model)
+    fixed = [collator([dataset[i] for i in range(j, j + 16)]) for j in (0, 16, 32, 48)]
+    if opts.callback == "gates":
+        callback = HardConcreteCallback(lam=0.02, gate_lr=0.2, finalize="mask")
+    else:
+        callback = HeadPruningCallback(at_epochs=[1, 2, 3, 4], prune={2: 0.25, 3: 6, 4: 0.5}, batches=fixed,
+                                       mode="mask" if opts.callback == "prune-mask" else "shrink")
+    args = Seq2SeqTrainingArguments(
+        output_dir=str(out), num_train_epochs=opts.epochs, per_device_train_batch_size=16, learning_rate=2e-3,
+        save_strategy="epoch", report_to=[], use_cpu=True, logging_steps=4, seed=0, disable_tqdm=True,
+        ddp_backend="gloo" if int(os.environ.get("WORLD_SIZE", "1")) > 1 else None, dataloader_num_workers=0,
+    )
+    checkpoint = None
+    if opts.resume:
+        from transformers.trainer_utils import get_last_checkpoint
+
+        checkpoint = get_last_checkpoint(str(out))
+        restore_layout(model, checkpoint)
+    trainer = Seq2SeqTrainer(model=model, args=args, train_dataset=dataset, data_collator=collator,
+                             processing_class=tokenizer, callbacks=[callback])
+    trainer.train(resume_from_checkpoint=checkpoint)
+    mask = callback.mask if opts.callback != "gates" else callback.final_mask
+    result = {"mask": mask.to_dict(), "layout": find_heads(model).to_dict(), "resumed_from": checkpoint}
+    if opts.callback == "gates":
+        result["log_alpha"] = {k: v.tolist() for k, v in callback.gates.state_dict().items()}
+    (out / f"rank{rank}_result.json").write_text(json.dumps(result))
+
+
+if __name__ == "__main__":
+    main()
