@@ -104,6 +104,20 @@ def _training_epochs(args) -> int | None:
     return None if getattr(args, "max_steps", -1) and args.max_steps > 0 else math.ceil(args.num_train_epochs)
 
 
+def _check_epochs_fit(args, last_epoch: int | None, argument: str) -> None:
+    """Epochs named in the configuration must lie within training (known once the Trainer is built)."""
+    total = _training_epochs(args)
+    if total is not None and last_epoch is not None and last_epoch > total:
+        raise ValueError(f"{argument}: epoch {last_epoch} is beyond training, which runs {total} epochs "
+                         f"(num_train_epochs={args.num_train_epochs}).")
+
+
+def _check_model_kinds(kinds, layout: HeadLayout) -> None:
+    for kind in kinds or []:
+        if kind not in layout.kinds:
+            raise ValueError(f"kinds: this model has no {kind!r} attention; its kinds are {', '.join(layout.kinds)}.")
+
+
 # ---------------------------------------------------------------------------------------------------------------------
 # shared machinery
 # ---------------------------------------------------------------------------------------------------------------------
@@ -318,16 +332,10 @@ class HeadPruningCallback(PrunetrainCallback):
 
     # configuration checks that need the model and the training arguments
     def on_init_end(self, args, state, control, model=None, **kwargs):
-        total_epochs = _training_epochs(args)
-        if total_epochs is not None and self._last_epoch is not None and self._last_epoch > total_epochs:
-            raise ValueError(f"at_epochs/prune: epoch {self._last_epoch} is beyond training, which runs "
-                             f"{total_epochs} epochs (num_train_epochs={args.num_train_epochs}).")
+        _check_epochs_fit(args, self._last_epoch, "at_epochs/prune")
         if model is not None:
             layout = find_heads(model)
-            for kind in self.kinds or []:
-                if kind not in layout.kinds:
-                    raise ValueError(f"kinds: this model has no {kind!r} attention; its kinds are "
-                                     f"{', '.join(layout.kinds)}.")
+            _check_model_kinds(self.kinds, layout)
             in_scope = sum(s.num_heads for s in layout if self.kinds is None or s.kind in self.kinds)
             for epoch, amount in sorted((self._prune_table or {}).items()):
                 if isinstance(amount, int) and amount > in_scope:
@@ -490,20 +498,13 @@ class PruningCurveCallback(PrunetrainCallback):
         self.curves: dict[int, dict[str, dict]] = {}
 
     def on_init_end(self, args, state, control, model=None, processing_class=None, **kwargs):
-        total_epochs = _training_epochs(args)
-        if total_epochs is not None and self._last_epoch is not None and self._last_epoch > total_epochs:
-            raise ValueError(f"at_epochs: epoch {self._last_epoch} is beyond training, which runs {total_epochs} "
-                             f"epochs (num_train_epochs={args.num_train_epochs}).")
+        _check_epochs_fit(args, self._last_epoch, "at_epochs")
         if model is not None:
             net = unwrap_model(model)
             if self.metric == "bleu" and not (hasattr(net, "can_generate") and net.can_generate()):
                 raise ValueError(f"metric: 'bleu' needs a model that can generate text; {type(net).__name__} "
                                  f"cannot (use metric='loss', 'accuracy' or a callable).")
-            layout = find_heads(net)
-            for kind in self.kinds or []:
-                if kind not in layout.kinds:
-                    raise ValueError(f"kinds: this model has no {kind!r} attention; its kinds are "
-                                     f"{', '.join(layout.kinds)}.")
+            _check_model_kinds(self.kinds, find_heads(net))
         if self.metric == "bleu" and self.tokenizer is None:
             self.tokenizer = processing_class
             if self.tokenizer is None:
@@ -697,10 +698,7 @@ class HardConcreteCallback(PrunetrainCallback):
             raise ValueError("model: HardConcreteCallback needs the Trainer's model.")
         net = unwrap_model(model)
         layout = find_heads(net)
-        for kind in self.kinds or []:
-            if kind not in layout.kinds:
-                raise ValueError(f"kinds: this model has no {kind!r} attention; its kinds are "
-                                 f"{', '.join(layout.kinds)}.")
+        _check_model_kinds(self.kinds, layout)
         self.gates = gates_for(net, kinds=self.kinds, init_log_alpha=self.init_log_alpha, seed=self.seed)
         gated = sum(layout[n].num_heads for n in self.gates.site_names)
         if isinstance(self.target_heads, int) and self.target_heads > gated:

@@ -12,7 +12,6 @@ import sys
 from pathlib import Path
 from typing import List, Optional
 
-import click
 import typer
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
@@ -270,10 +269,7 @@ def curve(
     from prunetrain.curve import bleu_metric, pruning_curve
     from prunetrain.data import read_parallel
 
-    try:
-        grid = [float(x) for x in fractions.split(",") if x.strip()]
-    except ValueError:
-        raise UserError(f"--fractions: {fractions!r} is not a comma-separated list of numbers.") from None
+    grid = _fractions(fractions)
     net = _load_any(model)
     tokenizer, _, batches = _translation_batches(model, data_dir, "train" if split == "valid" else split,
                                                  num_batches, 64, net)
@@ -299,6 +295,7 @@ def study(
     sentences: int = typer.Option(200, help="Sentences for BLEU (ablation evaluates once per head)."),
     beams: int = typer.Option(1), batch_size: int = typer.Option(100), num_batches: int = typer.Option(8),
     seeds: int = typer.Option(3, help="curves: random-order seeds."),
+    fractions: str = typer.Option("0,0.1,0.2,0.3,0.4,0.5,0.6,0.7,0.8,0.9", help="curves: comma-separated fractions."),
     output: Path = typer.Option(Path("study"), help="Directory for JSON and PNG results."),
 ):
     """Run one of the paper's studies on a saved translation model; writes JSON + PNG into --output."""
@@ -329,7 +326,7 @@ def study(
         result = {k: v for k, v in result.items() if k not in ("scores_a", "scores_b")}
     else:
         result = studies.pruning_curves_study(net, metric, batches, key="bleu", random_seeds=range(seeds),
-                                              out_dir=output, progress=_progress)
+                                              fractions=_fractions(fractions), out_dir=output, progress=_progress)
         result = {"seconds_per_point": result["seconds_per_point"],
                   "curves": {k: v["points"][-1] for k, v in result["curves"].items()}}
     _emit({"study": name, "output": str(output), **{k: v for k, v in result.items() if k != "heads"}}, None)
@@ -355,6 +352,13 @@ def bench(
     typer.echo(result.table())
 
 
+def _fractions(text: str) -> list[float]:
+    try:
+        return [float(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise UserError(f"--fractions: {text!r} is not a comma-separated list of numbers.") from None
+
+
 def _ints(argument: str, text: str) -> list[int]:
     try:
         return [int(x) for x in text.split(",") if x.strip()]
@@ -368,17 +372,11 @@ def _positive(argument: str, value: int) -> None:
 
 
 def main() -> None:
-    """Entry point: typer/click usage errors keep their exit code 2; our errors become one line + exit 2."""
+    """Entry point: usage errors are typer's (exit code 2, with usage); errors in what the user gave become one
+    line on stderr and exit code 2."""
     debug = os.environ.get("PRUNETRAIN_DEBUG") == "1"
     try:
-        app(standalone_mode=False)
-    except click.exceptions.Exit as done:
-        sys.exit(done.exit_code)
-    except click.ClickException as err:
-        err.show()
-        sys.exit(err.exit_code)
-    except click.exceptions.Abort:
-        sys.exit(130)
+        app()
     except (UserError, ValueError, TypeError, KeyError, FileNotFoundError) as err:
         if debug:
             raise

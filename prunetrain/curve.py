@@ -17,7 +17,6 @@ from typing import Any, Callable, Iterable, Mapping, Sequence
 import torch
 from torch import nn
 
-from prunetrain.heads import find_heads
 from prunetrain.importance import HeadScores, _is_causal_lm, get_scorer, loss_token_count, random_scores
 from prunetrain.mask import HeadMask
 from prunetrain.selection import iterative_prune, select_heads
@@ -194,6 +193,10 @@ def _device(model: nn.Module) -> torch.device:
     return next(model.parameters()).device
 
 
+def _to_device(batch: Mapping, device: torch.device) -> dict:
+    return {k: v.to(device) if torch.is_tensor(v) else v for k, v in batch.items()}
+
+
 def loss_metric(batches: Iterable[Mapping[str, Any]]) -> Metric:
     """Token-weighted mean of the model's own loss over `batches` (batches need `labels`)."""
     batches = list(batches)
@@ -203,7 +206,7 @@ def loss_metric(batches: Iterable[Mapping[str, Any]]) -> Metric:
         device = _device(model)
         with torch.no_grad():
             for batch in batches:
-                batch = {k: v.to(device) if torch.is_tensor(v) else v for k, v in batch.items()}
+                batch = _to_device(batch, device)
                 n = loss_token_count(model, batch)
                 total += float(model(**batch).loss) * n
                 count += n
@@ -222,7 +225,7 @@ def accuracy_metric(batches: Iterable[Mapping[str, Any]]) -> Metric:
         device = _device(model)
         with torch.no_grad():
             for batch in batches:
-                batch = {k: v.to(device) if torch.is_tensor(v) else v for k, v in batch.items()}
+                batch = _to_device(batch, device)
                 labels = batch["labels"]
                 logits = model(**{k: v for k, v in batch.items() if k != "labels"}).logits
                 if _is_causal_lm(model):  # position t predicts token t + 1

@@ -37,6 +37,8 @@ from prunetrain.mask import HeadMask
 PER = ("batch", "example")
 NORMALIZE = ("layer", None)
 REDUCTION = ("mean", "sum")
+TIME_FIRST_FAMILIES = ("fsmt", "fairseq")
+"""Adapters whose attention outputs are [time, batch, ...] (per-example gates are not implemented for them)."""
 NORMALIZE_EPS = 1e-20
 """Added to each layer's L2 norm before dividing, as in the authors' code (a layer of all-zero scores stays zero)."""
 
@@ -344,6 +346,11 @@ def _finish(acc: _Sums, model: nn.Module, world: int, reduction: str) -> tuple[d
 # ---------------------------------------------------------------------------------------------------------------------
 # gradient importance (Michel et al. 2019)
 # ---------------------------------------------------------------------------------------------------------------------
+def _batch_size(batch: Mapping) -> int | None:
+    ids = batch.get("input_ids")
+    return int(ids.shape[0]) if torch.is_tensor(ids) and ids.dim() >= 1 else None
+
+
 class _ExampleGate:
     """Forward pre-hook on an output projection: multiply head h of example b by its own leaf ξ[b, h] = 1.
 
@@ -353,9 +360,14 @@ class _ExampleGate:
     def __init__(self, num_heads: int, head_dim: int):
         self.num_heads, self.head_dim = num_heads, head_dim
         self.gate: torch.Tensor | None = None
+        self.batch_size: int | None = None  # from the batch's input_ids, to catch time-first activations
 
     def __call__(self, module: nn.Module, args: tuple):
         (x, *rest) = args  # x: [B, T, H * d]
+        if self.batch_size is not None and (x.dim() != 3 or x.shape[0] != self.batch_size):
+            raise RuntimeError(f"per='example': this model's heads come out as {tuple(x.shape)}, not batch-first "
+                               f"[{self.batch_size}, time, heads*dim] (e.g. FSMT/fairseq are time-first); use "
+                               f"per='batch'.")
         if self.gate is None:
             self.gate = torch.ones(x.shape[0], self.num_heads, device=x.device, dtype=torch.float32,
                                    requires_grad=True)
@@ -428,12 +440,16 @@ def head_importance(
                 mask.detach()
                 mask.requires_grad_(False)
         else:
+            if sites and sites[0].adapter.name in TIME_FIRST_FAMILIES:
+                raise ValueError(f"per: 'example' needs batch-first attention outputs; {sites[0].adapter.name} "
+                                 f"models are time-first, so use per='batch'.")
             gates = {s.info.name: _ExampleGate(s.info.num_heads, s.info.head_dim) for s in sites}
             handles = [s.out_proj.register_forward_pre_hook(gates[s.info.name]) for s in sites]
             try:
                 for batch in _batches(batches, device, max_batches):
+                    size = _batch_size(batch)
                     for gate in gates.values():
-                        gate.gate = None
+                        gate.gate, gate.batch_size = None, size
                     with _autocast(device, autocast):
                         loss, n = _batch_loss(net, batch, loss_fn)
                     if n <= 0:

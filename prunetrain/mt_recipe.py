@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import copy
 import json
-import math
 import shutil
 import time
 from pathlib import Path
@@ -88,7 +87,6 @@ def run_recipe(recipe: Recipe, out_dir: str | Path, *, data_dir: str | None = No
     from prunetrain.callbacks import HeadPruningCallback, PruningCurveCallback, restore_layout
     from prunetrain.heads import find_heads
     from prunetrain.importance import head_importance
-    from prunetrain.persist import save_pruned
     from prunetrain.selection import select_heads
     from prunetrain.shrink import shrink
     from prunetrain.translation import evaluate_bleu

@@ -62,3 +62,14 @@ def m30k_tokenizer(multi30k_train_slice, tmp_path_factory):
     path = tmp_path_factory.mktemp("tokenizer")
     train_tokenizer(multi30k_train_slice, vocab_size=2000, path=path)
     return load_tokenizer(path)
+
+
+@pytest.fixture(autouse=True, scope="module")
+def one_thread():
+    """Tests run tiny models: one thread is faster (no OpenMP barriers) and keeps a shared 2-core machine usable."""
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)

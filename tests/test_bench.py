@@ -25,13 +25,6 @@ from prunetrain.flops import count_flops
 from prunetrain.zoo import tiny_config, tiny_inputs, tiny_model
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """Tiny models run far faster on one thread when the machine is shared (no OpenMP barriers to wait on)."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
 
 
 # --------------------------------------------------------------------------------------------------------------

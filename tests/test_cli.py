@@ -96,7 +96,7 @@ def test_importance_prune_shrink_evaluate_on_a_saved_model(tmp_path, saved_trans
                  "--batch-size", "8", "--output", tmp_path / "scores.json")
     assert scores.returncode == 0, scores.stderr[-2000:]
     data = json.loads((tmp_path / "scores.json").read_text())
-    assert len(data["sites"] if "sites" in data else data["values"]) == 6
+    assert data["method"] == "gradient" and len(data["scores"]) == 6
     pruned = cli("prune", saved_translation_model, "--data-dir", multi30k_dir, "--amount", "0.5", "--num-batches",
                  "1", "--batch-size", "8", "--output", tmp_path / "pruned")
     assert pruned.returncode == 0, pruned.stderr[-2000:]
@@ -149,3 +149,22 @@ def test_smoke_recipe_runs_end_to_end(tmp_path, multi30k_dir):
     curves = json.loads((out / "prunetrain" / "curves.json").read_text())
     assert len(curves["2"]["importance"]["points"]) == 4
     assert list((out / "runs").rglob("events.out.tfevents.*")) or list(out.rglob("events.out.tfevents.*"))
+
+
+def test_study_commands_write_json_and_figures(tmp_path, saved_translation_model, multi30k_dir):
+    result = cli("study", "curves", saved_translation_model, "--data-dir", multi30k_dir, "--sentences", "4",
+                 "--num-batches", "1", "--seeds", "1", "--fractions", "0,0.5", "--output", tmp_path / "curves")
+    assert result.returncode == 0, result.stderr[-3000:]
+    summary = json.loads(result.stdout)
+    assert summary["seconds_per_point"] > 0 and "importance" in summary["curves"]
+    assert (tmp_path / "curves" / "pruning_curves.png").is_file()
+    assert (tmp_path / "curves" / "pruning_curves_by_kind.png").is_file()
+    data = json.loads((tmp_path / "curves" / "pruning_curves.json").read_text())
+    assert [p["heads_kept"] for p in data["curves"]["importance"]["points"]] == [24, 12]
+    cross = cli("study", "cross-dataset", saved_translation_model, "--data-dir", multi30k_dir, "--other-data-dir",
+                multi30k_dir, "--other-split", "test", "--num-batches", "1", "--output", tmp_path / "cross")
+    assert cross.returncode == 0, cross.stderr[-3000:]
+    assert -1 <= json.loads(cross.stdout)["spearman"] <= 1
+    assert (tmp_path / "cross" / "cross_dataset.png").is_file()
+    assert_user_error(cli("study", "everything", saved_translation_model, "--data-dir", multi30k_dir),
+                      r"study: 'everything' is not one of ablate, one-head, cross-dataset, curves")

@@ -15,13 +15,6 @@ from prunetrain.data import (
 )
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    """Tiny models and tokenizers: one torch thread, immune to oversubscription on the shared 2 cores."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
 
 
 def _write(directory, name, data: bytes | str):

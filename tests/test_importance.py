@@ -29,13 +29,6 @@ CAUSAL = ("gpt2", "llama", "qwen2", "mistral")
 EPS = 2.0 ** -12  # 1 - EPS and 1 - 2 EPS are exact in float32 (HeadMask stores float32 keep values)
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """Tiny models run faster on one thread, and the 2-core machine is shared."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
 
 
 def two_batches(family: str) -> list[dict]:

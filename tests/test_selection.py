@@ -12,12 +12,6 @@ from prunetrain.selection import iterative_prune, select_heads
 from prunetrain.zoo import tiny_inputs, tiny_model
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
 
 
 def zeros(mask: HeadMask) -> set[tuple[str, int]]:

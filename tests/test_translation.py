@@ -18,13 +18,6 @@ from prunetrain.translation import (
 )
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    """Tiny models: one thread is faster, and immune to oversubscription when other jobs share the 2 cores."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
 
 
 def tiny_marian(tokenizer, seed: int = 0, layers: int = 2, **overrides) -> MarianMTModel:
