@@ -6,6 +6,7 @@ holds a run, ...) are one line on stderr and exit code 2, never a traceback (set
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import sys
@@ -73,8 +74,9 @@ def recipe(
     from prunetrain.mt_recipe import run_recipe
 
     out = output or Path("checkpoints") / (config.name + ("-smoke" if smoke else ""))
-    results = run_recipe(config, out, data_dir=str(data_dir) if data_dir else None, resume=resume,
-                         overwrite=overwrite, progress=_progress)
+    with contextlib.redirect_stdout(sys.stderr):  # the Trainer prints its logs: stdout carries only the JSON
+        results = run_recipe(config, out, data_dir=str(data_dir) if data_dir else None, resume=resume,
+                             overwrite=overwrite, progress=_progress)
     summary = {"output": str(out), "test_bleu_full": results["test_full"]["bleu"],
                "test_bleu_pruned": results["test_pruned"]["bleu"], "heads_kept": results["heads_kept"],
                "heads_total": results["heads_total"], "train_minutes": round(results["train_minutes"], 2)}
