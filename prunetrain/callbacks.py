@@ -861,6 +861,17 @@ class HardConcreteCallback(PrunetrainCallback):
             optimizer.load_state_dict(saved)
 
 
+def last_complete_checkpoint(output_dir: str | Path) -> str | None:
+    """The newest `checkpoint-N` in `output_dir` that holds prunetrain's state (written last, in `on_save`), so a
+    checkpoint cut short by a crash is skipped; None if there is none."""
+    candidates = []
+    for path in Path(output_dir).glob("checkpoint-*"):
+        step = path.name.removeprefix("checkpoint-")
+        if step.isdigit() and any(path.glob("prunetrain-*.json")) and (path / "trainer_state.json").is_file():
+            candidates.append((int(step), path))
+    return str(max(candidates)[1]) if candidates else None
+
+
 def restore_layout(model: nn.Module, checkpoint: str | Path) -> HeadLayout:
     """Shrink a freshly built model to the head layout recorded in a checkpoint's `config.json`.
 
@@ -888,4 +899,4 @@ def restore_layout(model: nn.Module, checkpoint: str | Path) -> HeadLayout:
     return find_heads(net)
 
 
-__all__ = ["HardConcreteCallback", "HeadPruningCallback", "PruningCurveCallback", "PrunetrainCallback", "restore_layout"]
+__all__ = ["HardConcreteCallback", "HeadPruningCallback", "PruningCurveCallback", "PrunetrainCallback", "last_complete_checkpoint", "restore_layout"]

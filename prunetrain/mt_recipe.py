@@ -148,9 +148,9 @@ def run_recipe(recipe: Recipe, out_dir: str | Path, *, data_dir: str | None = No
     )
     checkpoint = None
     if resume:
-        from transformers.trainer_utils import get_last_checkpoint
+        from prunetrain.callbacks import last_complete_checkpoint
 
-        checkpoint = get_last_checkpoint(str(out_dir))
+        checkpoint = last_complete_checkpoint(out_dir)
         if checkpoint is None:
             raise ValueError(f"--resume: {str(out_dir)!r} has no checkpoint-* directory to resume from.")
         restore_layout(model, checkpoint)

@@ -12,7 +12,7 @@ from pathlib import Path
 import torch
 from transformers import MarianMTModel, Seq2SeqTrainer, Seq2SeqTrainingArguments
 
-from prunetrain.callbacks import HardConcreteCallback, HeadPruningCallback, restore_layout
+from prunetrain.callbacks import HardConcreteCallback, HeadPruningCallback, last_complete_checkpoint, restore_layout
 from prunetrain.data import build_dataset, make_collator, marian_config, read_parallel, train_tokenizer
 from prunetrain.heads import find_heads
 
@@ -48,9 +48,7 @@ def main():
     )
     checkpoint = None
     if opts.resume:
-        from transformers.trainer_utils import get_last_checkpoint
-
-        checkpoint = get_last_checkpoint(str(out))
+        checkpoint = last_complete_checkpoint(out)  # a checkpoint cut short by the kill is skipped
         restore_layout(model, checkpoint)
     trainer = Seq2SeqTrainer(model=model, args=args, train_dataset=dataset, data_collator=collator,
                              processing_class=tokenizer, callbacks=[callback])
