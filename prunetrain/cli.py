@@ -246,8 +246,8 @@ def shrink(
     net = _load_any(model)
     if not mask.is_file():
         raise UserError(f"--mask: {str(mask)!r} is not a file.")
-    head_mask = HeadMask.from_json(mask, net)
-    layout = do_shrink(net, head_mask)
+    keep = HeadMask.from_json(mask, net)
+    layout = do_shrink(net, keep)
     save_pruned(net, output, overwrite=overwrite)
     for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"):
         if (model / name).is_file():
