@@ -504,12 +504,28 @@ class PruningCurveCallback(PrunetrainCallback):
             if self.metric == "bleu" and not (hasattr(net, "can_generate") and net.can_generate()):
                 raise ValueError(f"metric: 'bleu' needs a model that can generate text; {type(net).__name__} "
                                  f"cannot (use metric='loss', 'accuracy' or a callable).")
-            _check_model_kinds(self.kinds, find_heads(net))
+            layout = find_heads(net)
+            _check_model_kinds(self.kinds, layout)
+            self._check_fractions_fit(layout)
         if self.metric == "bleu" and self.tokenizer is None:
             self.tokenizer = processing_class
             if self.tokenizer is None:
                 raise ValueError("tokenizer: metric 'bleu' needs a tokenizer; pass tokenizer=... or give the Trainer "
                                  "a processing_class.")
+
+    def _check_fractions_fit(self, layout) -> None:
+        """Refuse, before training starts, a largest fraction that `min_heads_per_layer` makes impossible (found
+        mid-training it would end the run at the first curve epoch)."""
+        from prunetrain.importance import random_scores
+
+        largest = max(self.fractions, default=0.0)
+        try:
+            select_heads(random_scores(layout), largest, scope=self.scope, kinds=self.kinds,
+                         min_heads_per_layer=self.min_heads_per_layer)
+        except ValueError as err:
+            raise ValueError(f"fractions: {largest} cannot be reached with min_heads_per_layer="
+                             f"{self.min_heads_per_layer} on this model ({err}); lower the largest fraction or "
+                             f"min_heads_per_layer.") from None
 
     def on_train_begin(self, args, state, control, **kwargs):
         self._setup(args, state)
@@ -682,7 +698,8 @@ class HardConcreteCallback(PrunetrainCallback):
         self.lagrangian: _Lagrangian | None = None
         self._gate_optimizer: torch.optim.Optimizer | None = None
         self._lagrangian_optimizer: torch.optim.Optimizer | None = None
-        self.history: list[dict] = []
+        self.history: list[dict] = []  # one record per epoch
+        self.trace: list[dict] = []  # heads alive per kind at every logging step (Voita Fig. 9 within one run)
         self.final_mask: HeadMask | None = None
         self._last_penalty = 0.0
 
@@ -766,8 +783,14 @@ class HardConcreteCallback(PrunetrainCallback):
             return
         with torch.no_grad():
             expected = float(self.gates.expected_l0())
+            per_kind = self.gates.open_per_kind()
+        self.trace.append({"step": state.global_step, "expected_l0": expected, "open_per_kind": per_kind,
+                           "penalty": self._last_penalty})
         self._tb_scalar("prunetrain/expected_l0", expected, state.global_step)
         self._tb_scalar("prunetrain/l0_penalty", self._last_penalty, state.global_step)
+        self._tb_scalar("prunetrain/heads_alive_by_step", sum(per_kind.values()), state.global_step)
+        for kind, count in per_kind.items():
+            self._tb_scalar(f"prunetrain/heads_alive_by_step/{kind}", count, state.global_step)
 
     def on_epoch_end(self, args, state, control, **kwargs):
         epoch = _epoch(state)
@@ -797,6 +820,7 @@ class HardConcreteCallback(PrunetrainCallback):
         self._flush()
 
     def on_train_end(self, args, state, control, model=None, **kwargs):
+        self._write_json("gates_trace.json", self.trace)
         if self.gates is not None and self.gates.attached:
             self.final_mask = self.gates.to_mask()
             self.gates.detach()
@@ -820,7 +844,7 @@ class HardConcreteCallback(PrunetrainCallback):
             for index, state in optimizer.state_dict()["state"].items():
                 if "step" in state:
                     steps[f"{prefix}.{index}"] = float(state["step"])
-        return {"history": self.history, "optimizer_steps": steps}
+        return {"history": self.history, "trace": self.trace, "optimizer_steps": steps}
 
     def tensor_state(self) -> dict[str, torch.Tensor]:
         tensors = {f"gates.{k}": v for k, v in self.gates.state_dict().items()}
@@ -837,6 +861,7 @@ class HardConcreteCallback(PrunetrainCallback):
 
     def load_state_dict(self, state: dict) -> None:
         self.history = list(state.get("history", []))
+        self.trace = list(state.get("trace", []))
         self._pending_steps = dict(state.get("optimizer_steps", {}))
 
     def load_tensor_state(self, tensors: dict[str, torch.Tensor]) -> None:

@@ -71,12 +71,25 @@ def recipe(
     if show:
         typer.echo(recipe_to_yaml(config))
         return
+    out = output or Path("checkpoints") / (config.name + ("-smoke" if smoke else ""))
+    run_kwargs = dict(data_dir=str(data_dir) if data_dir else None, resume=resume, overwrite=overwrite,
+                      progress=_progress)
+    if config.kind == "l0-sweep":
+        from prunetrain.l0_sweep import run_gate_sweep
+
+        with contextlib.redirect_stdout(sys.stderr):  # the Trainer prints its logs: stdout carries only the JSON
+            results = run_gate_sweep(config, out, **run_kwargs)
+        summary = {"output": str(out), "full_bleu": results["full_bleu"], "minutes": round(results["minutes"], 2),
+                   "runs": [{k: r[k] for k in ("label", "heads_kept", "kept_per_kind", "bleu")}
+                            for r in results["runs"]]}
+        if results["scratch"]:
+            summary["scratch_bleu"] = results["scratch"]["bleu"]
+        _emit(summary, None)
+        return
     from prunetrain.mt_recipe import run_recipe
 
-    out = output or Path("checkpoints") / (config.name + ("-smoke" if smoke else ""))
     with contextlib.redirect_stdout(sys.stderr):  # the Trainer prints its logs: stdout carries only the JSON
-        results = run_recipe(config, out, data_dir=str(data_dir) if data_dir else None, resume=resume,
-                             overwrite=overwrite, progress=_progress)
+        results = run_recipe(config, out, **run_kwargs)
     summary = {"output": str(out), "test_bleu_full": results["test_full"]["bleu"],
                "test_bleu_pruned": results["test_pruned"]["bleu"], "heads_kept": results["heads_kept"],
                "heads_total": results["heads_total"], "train_minutes": round(results["train_minutes"], 2)}
@@ -377,6 +390,9 @@ def main() -> None:
     """Entry point: usage errors are typer's (exit code 2, with usage); errors in what the user gave become one
     line on stderr and exit code 2."""
     debug = os.environ.get("PRUNETRAIN_DEBUG") == "1"
+    from prunetrain import progress
+
+    progress.enable()  # bars on stderr when it is a terminal (or PRUNETRAIN_PROGRESS=1)
     try:
         app()
     except (UserError, ValueError, TypeError, KeyError, FileNotFoundError) as err:

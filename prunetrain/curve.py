@@ -19,6 +19,7 @@ from torch import nn
 
 from prunetrain.importance import HeadScores, _is_causal_lm, get_scorer, loss_token_count, random_scores
 from prunetrain.mask import HeadMask
+from prunetrain.progress import bar
 from prunetrain.selection import iterative_prune, select_heads
 
 DEFAULT_FRACTIONS = tuple(round(0.1 * i, 1) for i in range(10))
@@ -130,7 +131,7 @@ def pruning_curve(
         masks = _masks_for(model, fractions, scores, batches, order, iterative, seed, scope, kinds,
                            min_heads_per_layer, base_mask, scorer, scorer_options)
         points = []
-        for fraction, mask in zip(fractions, masks):
+        for fraction, mask in bar(list(zip(fractions, masks)), desc="curve points", unit="point"):
             start = time.perf_counter()
             with torch.no_grad(), mask.applied(model):
                 value, details = _value(metric(model), key)

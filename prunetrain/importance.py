@@ -33,6 +33,7 @@ from torch import nn
 
 from prunetrain.heads import HeadLayout, attention_sites, find_heads, unwrap_model
 from prunetrain.mask import HeadMask
+from prunetrain.progress import bar
 
 PER = ("batch", "example")
 NORMALIZE = ("layer", None)
@@ -199,7 +200,10 @@ def _batches(batches: Iterable, device: torch.device, max_batches: int | None) -
         raise ValueError(f"max_batches: {max_batches!r} is not allowed; give a positive int or None (all batches).")
 
     def moved() -> Iterator[dict]:
-        for i, batch in enumerate(batches):
+        total = len(batches) if hasattr(batches, "__len__") else None
+        if max_batches is not None and total is not None:
+            total = min(total, max_batches)
+        for i, batch in enumerate(bar(batches, total=total, desc="importance", unit="batch")):
             if max_batches is not None and i >= max_batches:
                 return
             if not isinstance(batch, Mapping):

@@ -279,6 +279,17 @@ def _attached_masks(model: nn.Module) -> list:
     return _ATTACHED.setdefault(unwrap_model(model), [])
 
 
+def stray_mask_hooks(model: nn.Module) -> list[str]:
+    """Sites whose output projection carries a HeadMask hook that no mask attached to `model` owns — what
+    `copy.deepcopy` of a model with an attached mask leaves on the copy (the hooks are copied, the registration
+    is not)."""
+    model = unwrap_model(model)
+    owned = {handle.id for mask in attached_masks(model) for handle in mask._handles}
+    return [site.info.name for site in attention_sites(model)
+            if any(isinstance(hook, _HeadScale) and key not in owned
+                   for key, hook in site.out_proj._forward_pre_hooks.items())]
+
+
 def attached_masks(model: nn.Module) -> list[HeadMask]:
     """The HeadMasks currently attached to `model` (or to the model inside a DDP / accelerate wrapper)."""
     return list(_ATTACHED.get(unwrap_model(model), []))

@@ -19,6 +19,7 @@ from typing import Callable
 import torch
 from transformers import TrainerCallback
 
+from prunetrain.progress import enabled as progress_enabled
 from prunetrain.recipe import Recipe, recipe_to_yaml
 
 RUN_MARKER = "recipe.yaml"
@@ -142,7 +143,7 @@ def run_recipe(recipe: Recipe, out_dir: str | Path, *, data_dir: str | None = No
         learning_rate=t.learning_rate, warmup_steps=t.warmup_steps, lr_scheduler_type=t.scheduler,
         weight_decay=t.weight_decay, label_smoothing_factor=t.label_smoothing, max_grad_norm=t.max_grad_norm,
         bf16=bf16, seed=t.seed, logging_steps=t.logging_steps, save_strategy="epoch",
-        save_total_limit=t.save_total_limit, report_to=["tensorboard"], disable_tqdm=True,
+        save_total_limit=t.save_total_limit, report_to=["tensorboard"], disable_tqdm=not progress_enabled(),
         use_cpu=not torch.cuda.is_available(), dataloader_num_workers=0,
         train_sampling_strategy="group_by_length", adam_beta2=0.98,
     )

@@ -58,7 +58,7 @@ class TrainConfig:
 class PruningConfig:
     importance_epochs: list[int] = field(default_factory=lambda: [1, 2, 4, 8, 12])  # record importance
     curve_epochs: list[int] = field(default_factory=lambda: [1, 2, 4, 8, 12])  # pruned-BLEU curves (Michel §6)
-    curve_fractions: list[float] = field(default_factory=lambda: [0.0, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9])
+    curve_fractions: list[float] = field(default_factory=lambda: [0.0, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8])
     curve_sentences: int = 500  # first N validation sentences for the curves
     curve_random_baseline: bool = False  # also curves in random order
     importance_batches: int = 8  # fixed training batches for importance
@@ -82,6 +82,9 @@ class EvalConfig:
 
 @dataclass
 class Recipe:
+    """A translation recipe (kind "translation"): train, record importance and curves, prune, shrink, benchmark."""
+
+    kind: str = "translation"
     name: str = "custom"
     description: str = ""
     data: DataConfig = field(default_factory=DataConfig)
@@ -149,8 +152,9 @@ def _build(cls, data: Any, where: str):
     return cls(**kwargs)
 
 
-def recipe_from_dict(data: dict) -> Recipe:
-    return _build(Recipe, data, "")
+def recipe_from_dict(data: dict):
+    """Validate a raw recipe mapping into its dataclass (`Recipe`, or another kind named by `kind:`)."""
+    return _build(recipe_class(data), data, "")
 
 
 def available_recipes(directory: Path = RECIPES_DIR) -> list[str]:
@@ -180,6 +184,14 @@ def load_recipe(name_or_path: str, overrides: list[str] | None = None, directory
     return recipe_from_dict(data)
 
 
+def recipe_class(data: dict):
+    """The dataclass a raw recipe mapping validates into, chosen by its `kind` key (default "translation")."""
+    kind = data.get("kind", "translation") if isinstance(data, dict) else "translation"
+    if kind not in RECIPE_KINDS:
+        raise ValueError(f"kind: {kind!r} is not a recipe kind; allowed: {', '.join(RECIPE_KINDS)}.")
+    return RECIPE_KINDS[kind]
+
+
 def apply_override(data: dict, override: str) -> None:
     """`section.key=value` (value parsed as YAML: 3, 0.5, true, [1, 2], {5: 0.2}) into the raw recipe mapping."""
     if "=" not in override:
@@ -193,7 +205,7 @@ def apply_override(data: dict, override: str) -> None:
     if value is None:
         value = ""
     target = data
-    cls = Recipe
+    cls = recipe_class(data)
     for i, part in enumerate(parts):
         names = [f.name for f in dataclasses.fields(cls)]
         if part not in names:
@@ -216,5 +228,61 @@ def apply_override(data: dict, override: str) -> None:
             cls = tp
 
 
-def recipe_to_yaml(recipe: Recipe) -> str:
+def recipe_to_yaml(recipe) -> str:
     return yaml.safe_dump(recipe.to_dict(), sort_keys=False, allow_unicode=True)
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# kind "l0-sweep": Hard-Concrete gate sweeps from a converged model (Voita et al. 2019 §6)
+# ---------------------------------------------------------------------------------------------------------------------
+@dataclass
+class GateTrainConfig:
+    steps: int = 150  # fine-tuning steps per gate run (from the converged model)
+    batch_size: int = 64
+    learning_rate: float = 1e-4  # model weights (constant); the gates have their own Adam
+    gate_lr: float = 0.1
+    lagrangian_lr: float = 0.05
+    init_log_alpha: float = 3.0
+    label_smoothing: float = 0.1
+    precision: str = "auto"
+    seed: int = 0
+    logging_steps: int = 10  # heads alive per kind are traced (JSON, TensorBoard) at this interval
+
+
+@dataclass
+class SweepConfig:
+    encoder_lambdas: list[float] = field(default_factory=lambda: [0.0, 0.003, 0.01, 0.03, 0.1])
+    all_lambdas: list[float] = field(default_factory=lambda: [0.003, 0.01, 0.03])  # gates on every kind
+    budgets: list[float] = field(default_factory=lambda: [0.25])  # Lagrangian head budgets (share of all heads)
+    importance_baseline: bool = True  # encoder heads pruned by Michel importance at the same counts (no training)
+    scratch: bool = True  # train the pruned head configuration from scratch (Voita Table 2)
+    scratch_run: str = "budget"  # which configuration: "budget" (first budget run) or "lambda:<value>"
+    scratch_steps: int = 0  # 0: as many steps as the source model was trained for
+    scratch_minutes: float = 0.0  # stop the from-scratch training after this long (0: no limit)
+
+
+@dataclass
+class GateEvalConfig:
+    sentences: int = 500  # validation sentences scored after every run
+    batch_size: int = 100
+    num_beams: int = 1
+
+
+@dataclass
+class GateSweepRecipe:
+    """Hard-Concrete gate sweeps (kind "l0-sweep") on a converged translation model (Voita et al. 2019 §6)."""
+
+    kind: str = "l0-sweep"
+    name: str = "custom-l0"
+    description: str = ""
+    source: str = "checkpoints/wmt-small-deen"  # a finished translation recipe run (its full/ model and recipe.yaml)
+    data: DataConfig = field(default_factory=DataConfig)
+    train: GateTrainConfig = field(default_factory=GateTrainConfig)
+    sweep: SweepConfig = field(default_factory=SweepConfig)
+    eval: GateEvalConfig = field(default_factory=GateEvalConfig)
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+RECIPE_KINDS = {"translation": Recipe, "l0-sweep": GateSweepRecipe}

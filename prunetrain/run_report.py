@@ -70,7 +70,8 @@ def write_report(run: str | Path, results: dict) -> Path:
         f"{pruned['sentences_per_second']:.1f} |",
         "",
         f"Heads kept per kind: {results['kept_per_kind']}. Decoding: beam {full['num_beams']}, batch "
-        f"{full['batch_size']}, bf16 autocast {full['autocast_bf16']}.",
+        f"{full['batch_size']}, bf16 autocast {full['autocast_bf16']}. Sentences/s is each test decode's own "
+        f"throughput (outputs of different lengths, one pass each): the A/B speed comparison is the benchmark below.",
         f"BLEU signature: `{full['bleu_signature']}`; chrF signature: `{full['chrf_signature']}`.",
         "",
         f"Training: {results['train_minutes']:.1f} min; whole run {results['total_minutes']:.1f} min"

@@ -17,7 +17,7 @@ import torch
 from torch import nn
 
 from prunetrain.heads import LAYOUT_CONFIG_KEY, AttentionSite, HeadLayout, attention_sites, find_heads, unwrap_model
-from prunetrain.mask import HeadMask, attached_masks
+from prunetrain.mask import HeadMask, attached_masks, stray_mask_hooks
 
 GQA_ROUNDING = ("error", "keep", "drop")
 
@@ -118,6 +118,11 @@ def shrink(
     if others:
         raise ValueError("model: another HeadMask is attached to it; detach it before shrink, since it would no "
                          "longer match the shrunk model.")
+    stray = stray_mask_hooks(model)
+    if stray:
+        raise ValueError(f"model: site {stray[0]!r} carries a HeadMask hook that no attached mask owns (a deep copy "
+                         f"of a model with a mask attached copies its hooks); shrink the original's mask into it "
+                         f"first, or detach masks before copying.")
     select = _OptimizerSlicer(optimizer)
     keeps = {site.info.name: mask[site.info.name].detach().clone() for site in sites}
     plans = [(site, _keep_positions(site, keeps[site.info.name], gqa_rounding)) for site in sites]

@@ -21,6 +21,7 @@ import torch
 from torch import nn
 
 from prunetrain.device import bf16_is_fast
+from prunetrain.progress import bar
 
 DEFAULT_MAX_LEN_A = 1.5
 DEFAULT_MAX_LEN_B = 10
@@ -102,7 +103,8 @@ def translate(model: nn.Module, tokenizer, sources: Sequence[str], *, batch_size
             model.to(device)
         model.eval()
         with torch.inference_mode(), autocast:
-            for start in range(0, len(order), batch_size):
+            starts = range(0, len(order), batch_size)
+            for start in bar(starts, total=len(starts), desc="translate", unit="batch"):
                 rows = order[start:start + batch_size]
                 batch = tokenizer.pad({"input_ids": [encoded[i] for i in rows]}, return_tensors="pt")
                 batch = {k: v.to(device) for k, v in batch.items()}

@@ -73,3 +73,20 @@ def one_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(before)
+
+
+def run_cli(*args, cwd=None, timeout=900, env=None):
+    """`python -m prunetrain.cli ...` in a subprocess (the real entry point: exit codes, stdout JSON, stderr)."""
+    import subprocess
+    import sys
+
+    env = dict(os.environ, PYTHONPATH=str(REPO), **(env or {}))
+    return subprocess.run([sys.executable, "-m", "prunetrain.cli", *map(str, args)], capture_output=True, text=True,
+                          cwd=cwd or REPO, env=env, timeout=timeout)
+
+
+@pytest.fixture(scope="session")
+def smoke_recipe_run(tmp_path_factory, multi30k_dir):
+    """`prunetrain recipe wmt-small-deen --smoke` run once per session: (run directory, completed process)."""
+    out = tmp_path_factory.mktemp("smoke-recipe") / "smoke"
+    return out, run_cli("recipe", "wmt-small-deen", "--smoke", "--data-dir", multi30k_dir, "--output", out)

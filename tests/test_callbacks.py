@@ -232,6 +232,12 @@ def test_bad_configuration_is_rejected_with_the_argument_named(tmp_path, tiny_mt
         _seq2seq_trainer(tmp_path, tiny_mt, [HeadPruningCallback(prune={1: 30})])
     with pytest.raises(ValueError, match=r"kinds: this model has no 'self' attention"):
         _seq2seq_trainer(tmp_path, tiny_mt, [HardConcreteCallback(lam=0.1, kinds=["self"])])
+    # tiny_mt has 6 sites of 4 heads: min_heads_per_layer=1 keeps 6, so at most 18 of 24 (75 %) can go
+    with pytest.raises(ValueError, match=r"fractions: 0.8 cannot be reached with min_heads_per_layer=1 on this model"):
+        _seq2seq_trainer(tmp_path, tiny_mt, [PruningCurveCallback(fractions=[0, 0.8], eval_pairs=[("a", "b")],
+                                                                   min_heads_per_layer=1)])
+    _seq2seq_trainer(tmp_path, tiny_mt, [PruningCurveCallback(fractions=[0, 0.75], eval_pairs=[("a", "b")],
+                                                              min_heads_per_layer=1)])
     model = BertForSequenceClassification(BertConfig(vocab_size=50, hidden_size=32, num_hidden_layers=1,
                                                      num_attention_heads=4, intermediate_size=32))
     with pytest.raises(ValueError, match=r"metric: 'bleu' needs a model that can generate text"):

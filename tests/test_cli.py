@@ -2,24 +2,20 @@
 real saved model."""
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
 
 import prunetrain as pt
+from conftest import run_cli
 from prunetrain.recipe import load_recipe, recipe_from_dict
 
 REPO = Path(__file__).resolve().parents[1]
 
 
 def cli(*args, cwd=None):
-    env = dict(os.environ, PYTHONPATH=str(REPO))
-    return subprocess.run([sys.executable, "-m", "prunetrain.cli", *map(str, args)], capture_output=True, text=True,
-                          cwd=cwd or REPO, env=env, timeout=900)
+    return run_cli(*args, cwd=cwd)
 
 
 def assert_user_error(result, pattern):
@@ -115,6 +111,18 @@ def test_importance_prune_shrink_evaluate_on_a_saved_model(tmp_path, saved_trans
     assert_user_error(again, r"path: '.*pruned' already exists and is not empty; pass overwrite=True")
 
 
+def test_progress_bars_go_to_stderr_and_stdout_stays_json(saved_translation_model, multi30k_dir):
+    args = ("evaluate", saved_translation_model, "--data-dir", multi30k_dir, "--split", "valid", "--limit", "8",
+            "--beams", "1", "--batch-size", "2")
+    shown = run_cli(*args, env={"PRUNETRAIN_PROGRESS": "1"})
+    assert shown.returncode == 0, shown.stderr[-2000:]
+    assert "translate:" in shown.stderr and "/4 [" in shown.stderr  # 8 sentences in batches of 2
+    assert json.loads(shown.stdout)["num_sentences"] == 8
+    quiet = run_cli(*args, env={"PRUNETRAIN_PROGRESS": "0"})
+    assert quiet.returncode == 0 and "translate:" not in quiet.stderr
+    assert json.loads(quiet.stdout)["bleu"] == json.loads(shown.stdout)["bleu"]
+
+
 def test_thin_commands_reject_bad_input(tmp_path, saved_translation_model, multi30k_dir):
     assert_user_error(cli("evaluate", tmp_path, "--data-dir", multi30k_dir), r"has no config.json")
     assert_user_error(cli("evaluate", saved_translation_model, "--data-dir", multi30k_dir, "--beams", "0"),
@@ -132,9 +140,8 @@ def test_thin_commands_reject_bad_input(tmp_path, saved_translation_model, multi
 
 
 @pytest.mark.slow
-def test_smoke_recipe_runs_end_to_end(tmp_path, multi30k_dir):
-    out = tmp_path / "smoke"
-    result = cli("recipe", "wmt-small-deen", "--smoke", "--data-dir", multi30k_dir, "--output", out)
+def test_smoke_recipe_runs_end_to_end(smoke_recipe_run):
+    out, result = smoke_recipe_run
     assert result.returncode == 0, result.stderr[-4000:]
     summary = json.loads(result.stdout)
     assert summary["heads_kept"] == 12 and summary["heads_total"] == 24

@@ -173,6 +173,18 @@ def test_shrink_rejects_a_mask_for_another_model_and_detaches_its_own():
     assert not mask.attached and pt.attached_masks(model) == []
 
 
+def test_a_deep_copy_with_copied_mask_hooks_is_refused_by_shrink():
+
+    model = tiny_model("bert")
+    inputs = tiny_inputs("bert")
+    mask = random_mask(model, seed=1).attach(model)
+    twin = copy.deepcopy(model)  # the copy computes the masked model, but no mask is registered with it
+    assert torch.equal(twin(**inputs).logits, model(**inputs).logits)
+    with pytest.raises(ValueError, match=r"carries a HeadMask hook that no attached mask owns"):
+        pt.shrink(twin, random_mask(twin, seed=2))
+    pt.shrink(model, mask)  # the original is unaffected
+
+
 def _train_steps(model, optimizer, batches, mask=None):
     losses = []
     model.train()
