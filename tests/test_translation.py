@@ -160,3 +160,27 @@ def test_evaluate_directory_scores_saved_pruned_and_full_models(m30k_tokenizer, 
         evaluate_directory(pruned_dir, multi30k_dir, "nonexistent_split")
     with pytest.raises(ValueError, match="no config.json"):
         evaluate_directory(tmp_path, multi30k_dir, "test")
+
+
+def test_a_shrunk_model_with_a_headless_decoder_self_attention_translates_like_the_masked_one(m30k_tokenizer):
+    """The KV cache counts cached positions from the keys, which a head-less layer leaves empty: translate() must
+    still give the masked model's output (it decodes such models without the cache)."""
+    import copy
+
+    from transformers import MarianMTModel
+
+    import prunetrain as pt
+    from prunetrain.data import marian_config
+    from prunetrain.translation import translate
+
+    torch.manual_seed(0)
+    model = MarianMTModel(marian_config(m30k_tokenizer, d_model=32, ffn_dim=64, layers=2, heads=4)).eval()
+    site = "model.decoder.layers.0.self_attn"
+    mask = pt.HeadMask.from_heads(model, {site: [0, 1, 2, 3]})
+    sources = ["Ein Mann fährt Fahrrad.", "Zwei Hunde spielen im Schnee auf einer Wiese."]
+    with mask.applied(model):
+        expected = translate(model, m30k_tokenizer, sources, max_new_tokens=12)
+    shrunk = copy.deepcopy(model)
+    pt.shrink(shrunk, mask)
+    assert pt.find_heads(shrunk)[site].num_heads == 0
+    assert translate(shrunk, m30k_tokenizer, sources, max_new_tokens=12) == expected
