@@ -354,7 +354,8 @@ class EmptyGPT2Attention(nn.Module):
     """A GPT-2 attention block with every head removed: only the output-projection bias (residual path) remains.
 
     It keeps the original (now empty) `c_attn` and `c_proj` modules, so parameter identities and state-dict keys
-    are unchanged, and it still records empty keys/values in the cache so sequence lengths stay right.
+    are unchanged, and it still writes its (0-head) keys/values to the cache, whose length `prunetrain.kv_cache`
+    then counts.
     """
 
     def __init__(self, attention: nn.Module):

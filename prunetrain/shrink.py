@@ -17,6 +17,7 @@ import torch
 from torch import nn
 
 from prunetrain.heads import LAYOUT_CONFIG_KEY, AttentionSite, HeadLayout, attention_sites, find_heads, unwrap_model
+from prunetrain.kv_cache import track_headless_cache
 from prunetrain.mask import HeadMask, attached_masks, stray_mask_hooks
 
 GQA_ROUNDING = ("error", "keep", "drop")
@@ -99,7 +100,9 @@ def shrink(
 
     - Kept heads with 0 < ξ < 1 have ξ folded into their output-projection columns, so the shrunk model computes
       what the masked model computes.
-    - A site with every head removed keeps only its output-projection bias (the residual path around it stays).
+    - A site with every head removed keeps only its output-projection bias (the residual path around it stays);
+      a head-less self-attention site still counts its cached positions, so cached generation stays exact
+      (`prunetrain.kv_cache`).
     - Grouped-query attention: heads go in whole key/value groups. A mask that removes part of a group raises,
       unless `gqa_rounding` is `'keep'` (keep the group; its zeroed heads stay zero, so outputs are unchanged) or
       `'drop'` (remove the whole group; outputs change).
@@ -138,4 +141,5 @@ def shrink(
         site.adapter.remove_heads(site, positions, select)
         layout_record[site.info.name] = [site.info.heads[i] for i in positions.tolist()]
     setattr(model.config, LAYOUT_CONFIG_KEY, layout_record)
+    track_headless_cache(model)
     return find_heads(model)

@@ -42,19 +42,6 @@ def _use_bf16(autocast_bf16: bool | str, device: torch.device) -> bool:
     return autocast_bf16
 
 
-def _has_empty_cached_attention(model: nn.Module) -> bool:
-    """True when a decoder self-attention site has no heads left. transformers' KV cache reads the sequence length
-    from the cached keys (`keys.numel() == 0` counts as empty), so a head-less self-attention layer makes cached
-    generation lose track of positions; such models are decoded without the cache (exact, slower)."""
-    from prunetrain.heads import find_heads
-
-    try:
-        layout = find_heads(model)
-    except ValueError:
-        return False
-    return any(site.num_heads == 0 and site.kind in ("decoder_self", "self") for site in layout)
-
-
 def _length_caps(lengths: Sequence[int], max_new_tokens: int | None, limit: int | None) -> list[int]:
     if max_new_tokens is not None:
         caps = [int(max_new_tokens)] * len(lengths)
@@ -106,8 +93,6 @@ def translate(model: nn.Module, tokenizer, sources: Sequence[str], *, batch_size
     kwargs = dict(num_beams=num_beams, do_sample=False)
     if suppress_pad and "suppress_tokens" not in generate_kwargs and "bad_words_ids" not in generate_kwargs:
         kwargs["suppress_tokens"] = [tokenizer.pad_token_id]
-    if "use_cache" not in generate_kwargs and _has_empty_cached_attention(model):
-        kwargs["use_cache"] = False  # see _has_empty_cached_attention
     kwargs.update(generate_kwargs)
     autocast_bf16 = _use_bf16(autocast_bf16, device)
     autocast = (torch.autocast(device_type=device.type, dtype=torch.bfloat16) if autocast_bf16

@@ -163,8 +163,8 @@ def test_evaluate_directory_scores_saved_pruned_and_full_models(m30k_tokenizer, 
 
 
 def test_a_shrunk_model_with_a_headless_decoder_self_attention_translates_like_the_masked_one(m30k_tokenizer):
-    """The KV cache counts cached positions from the keys, which a head-less layer leaves empty: translate() must
-    still give the masked model's output (it decodes such models without the cache)."""
+    """transformers' KV cache counts cached positions from the keys, which a head-less layer leaves empty: the
+    shrunk model (whose head-less site keeps count, prunetrain.kv_cache) must translate like the masked one."""
     import copy
 
     from transformers import MarianMTModel
