@@ -226,6 +226,14 @@ def _epoch(state) -> int:
     return int(round(state.epoch or 0))
 
 
+def _when(state) -> str:
+    """"epoch 3", or "step 120 (epoch 0.26)" when training ended part-way through an epoch (max_steps)."""
+    epoch = float(state.epoch or 0)
+    if abs(epoch - round(epoch)) < 1e-6 and round(epoch) > 0:
+        return f"epoch {round(epoch)}"
+    return f"step {state.global_step} (epoch {epoch:.2f})"
+
+
 def _first_batches(source: Iterable, count: int) -> list[dict]:
     out = []
     for batch in source:
@@ -815,7 +823,7 @@ class HardConcreteCallback(PrunetrainCallback):
             self._tb_figure("prunetrain/gate_p_open", heatmap_figure(prob_open, labels, f"P(gate open), epoch {epoch}",
                                                                      vmin=0, vmax=1, colorbar_label="1 − P(g=0)"),
                             epoch)
-        self._log(f"epoch {epoch}: gates open {sum(per_kind.values())} ({', '.join(f'{k} {v}' for k, v in per_kind.items())}),"
+        self._log(f"{_when(state)}: gates open {sum(per_kind.values())} ({', '.join(f'{k} {v}' for k, v in per_kind.items())}),"
                   f" expected L0 {expected:.2f}")
         self._flush()
 

@@ -181,15 +181,13 @@ def _load_any(model: Path):
 
 
 def _translation_batches(model_dir: Path, data_dir: Path, split: str, num_batches: int, batch_size: int, net):
-    from prunetrain.data import build_dataset, load_tokenizer, make_collator, read_parallel
+    from prunetrain.data import build_dataset, collate_batches, load_tokenizer, make_collator, read_parallel
     from prunetrain.translation import _find_tokenizer_dir
 
     tokenizer = load_tokenizer(_find_tokenizer_dir(model_dir))
     pairs = read_parallel(data_dir, split, limit=num_batches * batch_size)
     dataset = build_dataset(pairs, tokenizer)
-    collator = make_collator(tokenizer, net)
-    batches = [collator([dataset[i] for i in range(j, min(j + batch_size, len(dataset)))])
-               for j in range(0, len(dataset), batch_size)]
+    batches = collate_batches(dataset, make_collator(tokenizer, net), batch_size)
     return tokenizer, pairs, batches
 
 

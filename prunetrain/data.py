@@ -5,7 +5,7 @@ Pipeline for the German→English recipe::
     pairs = read_parallel(data_dir / "multi30k", "train")            # [(de, en), ...]
     tokenizer = train_tokenizer(pairs, vocab_size=8000, path=run_dir)  # joint byte-level BPE
     train_set = build_dataset(pairs, tokenizer, max_length=128)        # {"input_ids", "labels"} per pair
-    collator = make_collator(tokenizer, model)                         # DataCollatorForSeq2Seq
+    collator = make_collator(tokenizer, model)                         # pads; builds decoder inputs
     config = marian_config_small(tokenizer)                            # 6+6 layers, 8 heads, d256, tied embeddings
 
 Token ids are fixed for every tokenizer trained here (see `SPECIAL_TOKENS`): `<pad>` = 0, which is also the decoder
@@ -255,13 +255,43 @@ def build_dataset(pairs: Sequence[tuple[str, str]], tokenizer, max_length: int =
     return Seq2SeqDataset(input_ids, labels)
 
 
-def make_collator(tokenizer, model=None, pad_to_multiple_of: int | None = None):
-    """`DataCollatorForSeq2Seq`: pads `input_ids` with `<pad>` (plus `attention_mask`), `labels` with -100, and
-    with `model` given also builds `decoder_input_ids` (labels shifted right after the pad/decoder-start token)."""
-    from transformers import DataCollatorForSeq2Seq
+def make_collator(tokenizer, model=None, pad_to_multiple_of: int | None = None) -> "Seq2SeqCollator":
+    """A `Seq2SeqCollator`: pads `input_ids` with `<pad>` (plus `attention_mask`), `labels` with -100, and with
+    `model` given also builds `decoder_input_ids` (labels shifted right after the pad/decoder-start token)."""
+    return Seq2SeqCollator(tokenizer, model, pad_to_multiple_of)
 
-    return DataCollatorForSeq2Seq(tokenizer, model=model, label_pad_token_id=-100,
-                                  pad_to_multiple_of=pad_to_multiple_of, return_tensors="pt")
+
+class Seq2SeqCollator:
+    """`DataCollatorForSeq2Seq` padding, with the decoder inputs built from a *copy* of the padded labels.
+
+    transformers' collator hands the labels themselves to `model.prepare_decoder_input_ids_from_labels`, and some
+    families shift in place (FSMT's `shift_tokens_right` rewrites -100 to `<pad>`), which would make the loss count
+    padding. Here the labels keep their -100 whatever the family does.
+    """
+
+    def __init__(self, tokenizer, model=None, pad_to_multiple_of: int | None = None):
+        from transformers import DataCollatorForSeq2Seq
+
+        self.pad = DataCollatorForSeq2Seq(tokenizer, model=None, label_pad_token_id=-100,
+                                          pad_to_multiple_of=pad_to_multiple_of, return_tensors="pt")
+        self.model = model
+
+    def __call__(self, features):
+        batch = self.pad(features)
+        prepare = getattr(self.model, "prepare_decoder_input_ids_from_labels", None)
+        if prepare is not None and batch.get("labels") is not None:
+            batch["decoder_input_ids"] = prepare(labels=batch["labels"].clone())
+        return batch
+
+
+def collate_batches(dataset, collator, batch_size: int, limit: int | None = None) -> list[dict]:
+    """The first `limit` examples of `dataset` (all by default), in order, as collated batches of `batch_size`
+    (the last one may be smaller): fixed batches for head importance and similar passes."""
+    if batch_size <= 0:
+        raise ValueError(f"batch_size must be positive, not {batch_size}.")
+    end = len(dataset) if limit is None else min(len(dataset), limit)
+    return [collator([dataset[i] for i in range(start, min(start + batch_size, end))])
+            for start in range(0, end, batch_size)]
 
 
 class TokenBudgetBatchSampler(Sampler[list[int]]):
@@ -398,7 +428,7 @@ def steps_per_epoch(dataset: Seq2SeqDataset, max_tokens: int = 4096) -> int:
 
 __all__ = [
     "DECODER_START_ID", "EOS_ID", "PAD_ID", "SPECIAL_TOKENS", "UNK_ID", "Seq2SeqDataset", "TokenBudgetBatchSampler",
-    "available_splits", "build_dataset", "default_data_dir", "load_hf_parallel", "load_tokenizer", "make_collator",
+    "available_splits", "build_dataset", "collate_batches", "default_data_dir", "load_hf_parallel", "load_tokenizer", "make_collator",
     "marian_config", "marian_config_base", "marian_config_small", "read_parallel", "steps_per_epoch",
     "token_budget_dataloader",
     "train_tokenizer",

@@ -15,6 +15,8 @@ generation is then token-for-token what the masked model generates without a cac
 
 from __future__ import annotations
 
+import functools
+
 from torch import nn
 
 SELF_KINDS = ("self", "decoder_self")
@@ -27,37 +29,32 @@ def _dynamic_layer_class():
     return DynamicLayer
 
 
-_HEADLESS_CLASS = None
+@functools.cache
+def headless_layer_class() -> type:
+    """`HeadlessDynamicLayer`: a `DynamicLayer` whose length is the keys' position axis even with 0 heads (built on
+    first use, so importing prunetrain does not import transformers)."""
 
+    class HeadlessDynamicLayer(_dynamic_layer_class()):
+        """Cache layer of a self-attention site with no heads: keys/values are `[B, 0, T, d]`, so the length
+        is `keys.shape[-2]`, not "empty because numel() == 0"."""
 
-def headless_layer_class():
-    """`HeadlessDynamicLayer`: a `DynamicLayer` whose length is the keys' position axis even with 0 heads."""
-    global _HEADLESS_CLASS
-    if _HEADLESS_CLASS is None:
-        dynamic = _dynamic_layer_class()
+        def _filled(self) -> bool:
+            return self.is_initialized and self.keys is not None and self.keys.dim() == 4
 
-        class HeadlessDynamicLayer(dynamic):
-            """Cache layer of a self-attention site with no heads: keys/values are `[B, 0, T, d]`, so the length
-            is `keys.shape[-2]`, not "empty because numel() == 0"."""
+        def get_seq_length(self) -> int:
+            return self.keys.shape[-2] if self._filled() else 0
 
-            def _filled(self) -> bool:
-                return self.is_initialized and self.keys is not None and self.keys.dim() == 4
+        def batch_repeat_interleave(self, repeats: int) -> None:
+            if self._filled():
+                self.keys = self.keys.repeat_interleave(repeats, dim=0)
+                self.values = self.values.repeat_interleave(repeats, dim=0)
 
-            def get_seq_length(self) -> int:
-                return self.keys.shape[-2] if self._filled() else 0
+        def batch_select_indices(self, indices) -> None:
+            if self._filled():
+                self.keys = self.keys[indices, ...]
+                self.values = self.values[indices, ...]
 
-            def batch_repeat_interleave(self, repeats: int) -> None:
-                if self._filled():
-                    self.keys = self.keys.repeat_interleave(repeats, dim=0)
-                    self.values = self.values.repeat_interleave(repeats, dim=0)
-
-            def batch_select_indices(self, indices) -> None:
-                if self._filled():
-                    self.keys = self.keys[indices, ...]
-                    self.values = self.values[indices, ...]
-
-        _HEADLESS_CLASS = HeadlessDynamicLayer
-    return _HEADLESS_CLASS
+    return HeadlessDynamicLayer
 
 
 def _self_attention_cache(cache):

@@ -29,7 +29,6 @@ from torch import nn
 
 from prunetrain.heads import KINDS, find_heads
 from prunetrain.mask import HeadMask
-from prunetrain.progress import enabled as progress_enabled
 from prunetrain.recipe import GateSweepRecipe, recipe_to_yaml
 from prunetrain.report_plots import TensorBoardLog, _pyplot
 
@@ -89,16 +88,12 @@ def kept_per_layer(mask: HeadMask) -> dict[str, list[int]]:
 
 def _training_args(out: Path, *, steps: int, batch_size: int, learning_rate: float, label_smoothing: float,
                    seed: int, bf16: bool, logging_steps: int, warmup_steps: int = 0, scheduler: str = "constant"):
-    from transformers import Seq2SeqTrainingArguments
+    from prunetrain.mt_recipe import training_args
 
-    return Seq2SeqTrainingArguments(
-        output_dir=str(out / "trainer"), max_steps=steps, per_device_train_batch_size=batch_size,
-        learning_rate=learning_rate, lr_scheduler_type=scheduler, warmup_steps=warmup_steps,
-        label_smoothing_factor=label_smoothing, bf16=bf16, seed=seed, logging_steps=logging_steps,
-        save_strategy="no", report_to=["tensorboard"],
-        disable_tqdm=not progress_enabled(), use_cpu=not torch.cuda.is_available(), dataloader_num_workers=0,
-        train_sampling_strategy="group_by_length", adam_beta2=0.98, max_grad_norm=1.0,
-    )
+    return training_args(out / "trainer", max_steps=steps, per_device_train_batch_size=batch_size,
+                         learning_rate=learning_rate, lr_scheduler_type=scheduler, warmup_steps=warmup_steps,
+                         label_smoothing_factor=label_smoothing, bf16=bf16, seed=seed, logging_steps=logging_steps,
+                         save_strategy="no", max_grad_norm=1.0)
 
 
 def gate_run(model: nn.Module, tokenizer, train_set, valid_pairs, out: Path, *, label: str, group: str,
@@ -280,10 +275,8 @@ def importance_baseline(model: nn.Module, tokenizer, train_set, valid_pairs, enc
     from prunetrain.selection import select_heads
     from prunetrain.translation import evaluate_bleu
 
-    collator = D.make_collator(tokenizer, model)
     size = recipe.train.batch_size
-    batches = [collator([train_set[i] for i in range(j, min(j + size, len(train_set)))])
-               for j in range(0, min(len(train_set), 8 * size), size)]
+    batches = D.collate_batches(train_set, D.make_collator(tokenizer, model), size, limit=8 * size)
     scores = head_importance(model, batches)
     total = find_heads(model).heads_per_kind()["encoder_self"]
     out = []

@@ -79,10 +79,22 @@ def load_pairs(recipe: Recipe, data_dir: str | None):
     return train, valid, test
 
 
+def training_args(output_dir: str | Path, **settings):
+    """`Seq2SeqTrainingArguments` for the translation recipes: the run's `settings` on top of what every recipe
+    shares (Adam β2 = 0.98 as in the Transformer paper, length-grouped batches, TensorBoard, the CPU when there is
+    no CUDA, progress bars as `prunetrain.progress` decides)."""
+    from transformers import Seq2SeqTrainingArguments
+
+    shared = dict(report_to=["tensorboard"], disable_tqdm=not progress_enabled(),
+                  use_cpu=not torch.cuda.is_available(), dataloader_num_workers=0,
+                  train_sampling_strategy="group_by_length", adam_beta2=0.98)
+    return Seq2SeqTrainingArguments(output_dir=str(output_dir), **(shared | settings))
+
+
 def run_recipe(recipe: Recipe, out_dir: str | Path, *, data_dir: str | None = None, resume: bool = False,
                overwrite: bool = False, progress: Callable[[str], None] = print) -> dict:
     """Run the whole pipeline; returns the results dictionary (also written to `results.json`)."""
-    from transformers import MarianMTModel, Seq2SeqTrainer, Seq2SeqTrainingArguments
+    from transformers import MarianMTModel, Seq2SeqTrainer
 
     from prunetrain import data as D
     from prunetrain.callbacks import HeadPruningCallback, PruningCurveCallback, restore_layout
@@ -117,9 +129,7 @@ def run_recipe(recipe: Recipe, out_dir: str | Path, *, data_dir: str | None = No
     bf16 = use_bf16(t.precision)
     importance_pairs = train_pairs[: p.importance_batches * p.importance_batch_size]
     importance_set = D.build_dataset(importance_pairs, tokenizer, max_length=recipe.data.max_length)
-    importance_batches = [collator([importance_set[i] for i in range(j, min(j + p.importance_batch_size,
-                                                                           len(importance_set)))])
-                          for j in range(0, len(importance_set), p.importance_batch_size)]
+    importance_batches = D.collate_batches(importance_set, collator, p.importance_batch_size)
     curve_pairs = valid_pairs[: p.curve_sentences]
     progress(f"precision: {'bf16 autocast' if bf16 else 'fp32'} (train.precision={t.precision})")
     progress(f"model: {sum(x.numel() for x in model.parameters()) / 1e6:.1f} M parameters, "
@@ -138,14 +148,12 @@ def run_recipe(recipe: Recipe, out_dir: str | Path, *, data_dir: str | None = No
             min_heads_per_layer=p.min_heads_per_layer))
     time_limit = TimeLimitCallback(t.max_minutes)
     callbacks.append(time_limit)
-    args = Seq2SeqTrainingArguments(
-        output_dir=str(out_dir), num_train_epochs=t.epochs, per_device_train_batch_size=t.batch_size,
+    args = training_args(
+        out_dir, num_train_epochs=t.epochs, per_device_train_batch_size=t.batch_size,
         learning_rate=t.learning_rate, warmup_steps=t.warmup_steps, lr_scheduler_type=t.scheduler,
         weight_decay=t.weight_decay, label_smoothing_factor=t.label_smoothing, max_grad_norm=t.max_grad_norm,
         bf16=bf16, seed=t.seed, logging_steps=t.logging_steps, save_strategy="epoch",
-        save_total_limit=t.save_total_limit, report_to=["tensorboard"], disable_tqdm=not progress_enabled(),
-        use_cpu=not torch.cuda.is_available(), dataloader_num_workers=0,
-        train_sampling_strategy="group_by_length", adam_beta2=0.98,
+        save_total_limit=t.save_total_limit,
     )
     checkpoint = None
     if resume:

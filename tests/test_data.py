@@ -262,3 +262,39 @@ def test_small_marian_has_tied_embeddings_and_144_heads():
     assert model.model.decoder.embed_tokens.weight.data_ptr() == shared.data_ptr()
     assert 13.0e6 < sum(p.numel() for p in model.parameters()) < 13.6e6
     assert pt.find_heads(model).total_heads == 144
+
+
+def test_collator_keeps_padded_labels_for_families_that_shift_in_place(m30k_tokenizer, multi30k_train_slice):
+    """FSMT builds decoder inputs with an in-place shift that rewrites -100 to <pad>; the loss would then count
+    padding. make_collator shifts a copy: labels keep -100, decoder inputs are FSMT's own."""
+    from transformers import DataCollatorForSeq2Seq, FSMTConfig, FSMTForConditionalGeneration
+    from transformers.models.fsmt.modeling_fsmt import shift_tokens_right
+
+    dataset = build_dataset(multi30k_train_slice[:4], m30k_tokenizer)
+    vocab = len(m30k_tokenizer)
+    model = FSMTForConditionalGeneration(FSMTConfig(
+        langs=["de", "en"], src_vocab_size=vocab, tgt_vocab_size=vocab, d_model=16, encoder_layers=1,
+        decoder_layers=1, encoder_attention_heads=2, decoder_attention_heads=2, encoder_ffn_dim=32,
+        decoder_ffn_dim=32, pad_token_id=PAD_ID))
+    features = [dataset[i] for i in range(4)]
+    padding = sum(max(dataset.target_lengths) - n for n in dataset.target_lengths)
+    assert padding > 0
+    batch = make_collator(m30k_tokenizer, model)(features)
+    assert int((batch["labels"] == -100).sum()) == padding
+    expected = shift_tokens_right(batch["labels"].clone(), PAD_ID)
+    assert torch.equal(batch["decoder_input_ids"], expected)
+    plain = DataCollatorForSeq2Seq(m30k_tokenizer, model=model, label_pad_token_id=-100, return_tensors="pt")
+    assert int((plain(features)["labels"] == -100).sum()) == 0  # what transformers' own collator leaves
+
+
+def test_collate_batches_keeps_order_sizes_and_limit(m30k_tokenizer, multi30k_train_slice):
+    from prunetrain.data import collate_batches
+
+    dataset = build_dataset(multi30k_train_slice[:10], m30k_tokenizer)
+    collator = make_collator(m30k_tokenizer)
+    batches = collate_batches(dataset, collator, 4)
+    assert [len(b["input_ids"]) for b in batches] == [4, 4, 2]
+    assert batches[1]["input_ids"][0, :dataset.source_lengths[4]].tolist() == dataset[4]["input_ids"]
+    assert [len(b["input_ids"]) for b in collate_batches(dataset, collator, 4, limit=6)] == [4, 2]
+    with pytest.raises(ValueError, match="batch_size must be positive, not 0"):
+        collate_batches(dataset, collator, 0)
