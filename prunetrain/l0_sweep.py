@@ -210,12 +210,13 @@ def run_gate_sweep(recipe: GateSweepRecipe, out_dir: str | Path, *, data_dir: st
             for lam in recipe.sweep.encoder_lambdas]
     plan += [(ALL_KINDS, lam, dict(lam=lam)) for lam in recipe.sweep.all_lambdas]
     plan += [(BUDGET, share, dict(target_heads=share)) for share in recipe.sweep.budgets]
-    runs = []
+    runs, resumed = [], 0
     for index, (group, value, kwargs) in enumerate(plan):
         label = _label(group, value)
         run_out = out_dir / "runs" / label
         if resume and (run_out / "result.json").is_file():
             record = json.loads((run_out / "result.json").read_text())
+            resumed += 1
             progress(f"[{index + 1}/{len(plan)}] {label}: done before ({record['heads_kept']} heads)")
         else:
             model = load_translation_model(model_dir)
@@ -244,7 +245,9 @@ def run_gate_sweep(recipe: GateSweepRecipe, out_dir: str | Path, *, data_dir: st
               "heads_per_kind": layout.heads_per_kind(), "validation_sentences": len(valid_pairs),
               "full_bleu": full["bleu"], "full_chrf": full["chrf"], "bleu_signature": full["bleu_signature"],
               "runs": runs, "importance_baseline": baseline, "scratch": scratch,
-              "budget_comparison": budget_comparison(runs), "minutes": (time.time() - started) / 60}
+              "budget_comparison": budget_comparison(runs), "minutes": (time.time() - started) / 60,
+              "resumed_runs": resumed,
+              "run_minutes": sum(r["minutes"] for r in runs) + (scratch["minutes"] if scratch else 0.0)}
     write_figures(result, out_dir, tb)
     tb.close()
     (out_dir / "sweep.json").write_text(json.dumps(result, indent=1))
@@ -463,6 +466,14 @@ def _finish(ax, xlabel: str, ylabel: str, title: str, legend: bool = True) -> No
     ax.figure.tight_layout()
 
 
+def _time_text(result: dict) -> str:
+    text = f"This invocation took {result['minutes']:.1f} min"
+    if result.get("resumed_runs"):
+        text += (f" ({result['resumed_runs']} gate runs were done before and skipped; every gate run and the "
+                 f"from-scratch run together took {result['run_minutes']:.1f} min when they ran)")
+    return text + "."
+
+
 def results_markdown(result: dict) -> str:
     """The run's results note: the three sweeps as tables (numbers straight from `sweep.json`)."""
     kinds = [k for k in KINDS if k in result["heads_per_kind"]]
@@ -470,7 +481,7 @@ def results_markdown(result: dict) -> str:
              f"Source: `{result['source']}` ({result['heads_total']} heads: {_kinds_text(result['heads_per_kind'])}); "
              f"validation BLEU of the source model {result['full_bleu']:.2f} on {result['validation_sentences']} "
              f"sentences ({result['bleu_signature']}). {result['recipe']['train']['steps']} fine-tuning steps per "
-             f"run. Whole sweep: {result['minutes']:.1f} min.", ""]
+             f"run. {_time_text(result)}", ""]
     encoder = [r for r in result["runs"] if r["group"] == ENCODER_ONLY]
     if encoder:
         base = {b["encoder_heads"]: b["bleu"] for b in result["importance_baseline"]}

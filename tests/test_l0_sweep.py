@@ -90,6 +90,9 @@ def test_resume_skips_finished_runs_and_refuses_a_used_directory(sweep_run, mult
     assert [(r["label"], r["heads_kept"], r["bleu"]) for r in after["runs"]] == [
         (r["label"], r["heads_kept"], r["bleu"]) for r in before["runs"]]
     assert after["scratch"] == before["scratch"]
+    assert (before["resumed_runs"], after["resumed_runs"]) == (0, 4)
+    assert after["run_minutes"] == pytest.approx(before["run_minutes"])  # the runs' own times, kept from the first
+    assert "4 gate runs were done before and skipped" in (out / "results.md").read_text()
     _one_line_error(run_cli("recipe", "wmt-small-deen-l0", "--smoke", "--set", f"source={source}", "--data-dir",
                             multi30k_dir, "--output", out), r"output: .* already holds a run; pass --resume")
 
