@@ -9,7 +9,7 @@ self-attention layer lost every head would generate with every new token at posi
 `track_headless_cache(model)` fixes this where the cache is filled: a forward hook on each head-less self-attention
 site turns that site's cache layer into a `HeadlessDynamicLayer`, which counts positions from the keys' position
 axis (its length is right even when the head axis is 0). No other layer, and no other cache, is touched; cached
-generation is then token-for-token what the masked model generates without a cache (tests/test_kv_cache.py).
+generation is then token-for-token what the masked model generates (tests/test_kv_cache.py).
 `shrink` calls it, so every shrunk or loaded model (`load_pruned` shrinks) has it.
 """
 
@@ -57,18 +57,14 @@ def headless_layer_class() -> type:
     return HeadlessDynamicLayer
 
 
-def _self_attention_cache(cache):
-    """The cache that holds self-attention keys: `EncoderDecoderCache.self_attention_cache`, or the cache itself."""
-    return getattr(cache, "self_attention_cache", cache)
-
-
 def _mark_cache_layer(module: nn.Module, args, kwargs, output) -> None:
     """Forward hook of a head-less self-attention site: make its cache layer count positions correctly."""
     cache = next((kwargs[key] for key in _CACHE_KWARGS if kwargs.get(key) is not None), None)
     index = getattr(module, "layer_idx", None)
     if cache is None or index is None:
         return
-    layers = getattr(_self_attention_cache(cache), "layers", None)
+    cache = getattr(cache, "self_attention_cache", cache)  # an EncoderDecoderCache's self-attention part
+    layers = getattr(cache, "layers", None)
     if layers is None or index >= len(layers):
         return
     layer = layers[index]

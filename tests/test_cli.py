@@ -163,7 +163,7 @@ def test_study_commands_write_json_and_figures(tmp_path, saved_translation_model
                  "--num-batches", "1", "--seeds", "1", "--fractions", "0,0.5", "--output", tmp_path / "curves")
     assert result.returncode == 0, result.stderr[-3000:]
     summary = json.loads(result.stdout)
-    assert isinstance(summary["seconds_per_point"], float) and "importance" in summary["curves"]
+    assert "importance" in summary["curves"]
     assert (tmp_path / "curves" / "pruning_curves.png").is_file()
     assert (tmp_path / "curves" / "pruning_curves_by_kind.png").is_file()
     data = json.loads((tmp_path / "curves" / "pruning_curves.json").read_text())

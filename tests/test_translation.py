@@ -112,7 +112,6 @@ def test_evaluate_bleu_on_a_random_model_and_under_a_head_mask(m30k_tokenizer, v
     assert math.isfinite(result["bleu"]) and 0 <= result["bleu"] < 5
     assert math.isfinite(result["chrf"])
     assert result["num_sentences"] == 16 and len(result["hypotheses"]) == 16
-    assert isinstance(result["seconds"], float) and isinstance(result["sentences_per_second"], float)
     assert result["bleu_signature"].startswith("nrefs:1|")
 
     layout = pt.find_heads(model)
