@@ -16,8 +16,8 @@ from pathlib import Path
 import torch
 
 from prunetrain.bench import alternate, compare_times
-from prunetrain.data import marian_config
-from prunetrain.gates import gates_for
+from prunetrain.mt.data import marian_config
+from prunetrain.methods.gates import gates_for
 
 
 def main():

@@ -9,7 +9,7 @@ Arms, interleaved with the order rotating every round:
             multiplies the heads by their keep value);
 - `ones+grad` (with `--grad-mask`): the same with `mask.requires_grad_()` (the keep values collect ∂L/∂ξ, as
             head-importance scoring does).
-- `hard-concrete` (with `--gates`): `prunetrain.gates.HardConcreteGates` attached (Voita et al. 2019): a gate
+- `hard-concrete` (with `--gates`): `prunetrain.methods.gates.HardConcreteGates` attached (Voita et al. 2019): a gate
             sample per head at every forward, log α in the optimizer, loss + λ·expected L0 (λ = 0.01).
 
 Each arm has its own AdamW; since the mask is all ones, the mask arms compute the same numbers as `plain` (the
@@ -29,7 +29,7 @@ import _common as C
 
 from prunetrain import HeadMask
 from prunetrain.bench import alternate, compare_times, summarize
-from prunetrain.flops import count_flops
+from prunetrain.bench.flops import count_flops
 
 TARGET = 0.03
 
@@ -56,7 +56,7 @@ def isolated_hook_cost(model, batch: int, length: int, requires_grad: bool, roun
     import torch
 
     from prunetrain import find_heads
-    from prunetrain.mask import _HeadScale  # the hook HeadMask.attach registers
+    from prunetrain.engine.mask import _HeadScale  # the hook HeadMask.attach registers
 
     sites = list(find_heads(model))
     xs = [torch.randn(batch, length, s.num_heads * s.head_dim, requires_grad=True) for s in sites]
@@ -107,7 +107,7 @@ def main() -> None:
         masks["ones+grad"] = HeadMask.ones(arms["ones+grad"]).requires_grad_().attach(arms["ones+grad"])
     gates = None
     if args.gates:
-        from prunetrain.gates import gates_for
+        from prunetrain.methods.gates import gates_for
 
         arms["hard-concrete"] = copy.deepcopy(base)
         gates = gates_for(arms["hard-concrete"]).train().attach(arms["hard-concrete"])

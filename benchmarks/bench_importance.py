@@ -22,7 +22,7 @@ from pathlib import Path
 
 import torch
 
-from prunetrain.importance import head_importance
+from prunetrain.methods.importance import head_importance
 
 GOAL = 0.7
 

@@ -27,7 +27,7 @@ import _common as C
 
 from prunetrain import find_heads, shrink
 from prunetrain.bench import alternate, compare_times, summarize
-from prunetrain.flops import count_flops
+from prunetrain.bench.flops import count_flops
 
 TARGET = 0.8
 

@@ -10,31 +10,31 @@ Voita et al. (2019):   HardConcreteGates
 Trainer callbacks:     HeadPruningCallback, PruningCurveCallback, HardConcreteCallback
 """
 
-from prunetrain.families import FamilyAdapter, register, supported_families
-from prunetrain.heads import KINDS, HeadLayout, HeadSite, find_heads
-from prunetrain.mask import HeadMask, attached_masks
-from prunetrain.persist import load_pruned, save_pruned
-from prunetrain.shrink import shrink
-import prunetrain.fairseq_interop  # noqa: E402,F401  registers the FSMT / fairseq adapters (fairseq imported lazily)
+from prunetrain.engine.families import FamilyAdapter, register, supported_families
+from prunetrain.engine.heads import KINDS, HeadLayout, HeadSite, find_heads
+from prunetrain.engine.mask import HeadMask, attached_masks
+from prunetrain.engine.persist import load_pruned, save_pruned
+from prunetrain.engine.shrink import shrink
+import prunetrain.interop.fairseq  # noqa: E402,F401  registers the FSMT / fairseq adapters (fairseq imported lazily)
 
 __version__ = "0.1.0"
 
 _LAZY = {
     # importance and policies
-    "HeadScores": "prunetrain.importance", "head_importance": "prunetrain.importance",
-    "ablation_scores": "prunetrain.importance", "confidence_scores": "prunetrain.importance",
-    "random_scores": "prunetrain.importance", "get_scorer": "prunetrain.importance",
-    "register_scorer": "prunetrain.importance", "Scorer": "prunetrain.importance",
-    "SCORERS": "prunetrain.importance", "GradientScorer": "prunetrain.importance",
-    "AblationScorer": "prunetrain.importance", "ConfidenceScorer": "prunetrain.importance",
-    "RandomScorer": "prunetrain.importance", "PruneResult": "prunetrain.selection", "PruneStep": "prunetrain.selection",
-    "select_heads": "prunetrain.selection", "iterative_prune": "prunetrain.selection",
-    "pruning_curve": "prunetrain.curve", "Curve": "prunetrain.curve",
+    "HeadScores": "prunetrain.methods.importance", "head_importance": "prunetrain.methods.importance",
+    "ablation_scores": "prunetrain.methods.importance", "confidence_scores": "prunetrain.methods.importance",
+    "random_scores": "prunetrain.methods.importance", "get_scorer": "prunetrain.methods.importance",
+    "register_scorer": "prunetrain.methods.importance", "Scorer": "prunetrain.methods.importance",
+    "SCORERS": "prunetrain.methods.importance", "GradientScorer": "prunetrain.methods.importance",
+    "AblationScorer": "prunetrain.methods.importance", "ConfidenceScorer": "prunetrain.methods.importance",
+    "RandomScorer": "prunetrain.methods.importance", "PruneResult": "prunetrain.methods.selection", "PruneStep": "prunetrain.methods.selection",
+    "select_heads": "prunetrain.methods.selection", "iterative_prune": "prunetrain.methods.selection",
+    "pruning_curve": "prunetrain.methods.curve", "Curve": "prunetrain.methods.curve",
     # gates
-    "HardConcreteGates": "prunetrain.gates",
+    "HardConcreteGates": "prunetrain.methods.gates",
     # callbacks (import transformers' Trainer machinery only when asked for)
-    "HeadPruningCallback": "prunetrain.callbacks", "PruningCurveCallback": "prunetrain.callbacks",
-    "HardConcreteCallback": "prunetrain.callbacks", "restore_layout": "prunetrain.callbacks",
+    "HeadPruningCallback": "prunetrain.training.callbacks", "PruningCurveCallback": "prunetrain.training.callbacks",
+    "HardConcreteCallback": "prunetrain.training.callbacks", "restore_layout": "prunetrain.training.callbacks",
     # benchmarks
     "benchmark": "prunetrain.bench", "BenchResult": "prunetrain.bench",
 }

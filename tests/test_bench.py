@@ -1,4 +1,4 @@
-"""prunetrain.bench / prunetrain.flops: FLOP counts against hand-computed numbers, the result format, the A/B order
+"""prunetrain.bench / prunetrain.bench.flops: FLOP counts against hand-computed numbers, the result format, the A/B order
 and argument errors. Tiny models only; nothing here asserts on wall-clock time."""
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from prunetrain.bench import (
     run_bench,
     summarize,
 )
-from prunetrain.flops import count_flops
+from prunetrain.bench.flops import count_flops
 from prunetrain.zoo import tiny_config, tiny_inputs, tiny_model
 
 

@@ -16,9 +16,9 @@ from transformers import (BertConfig, BertForSequenceClassification, MarianMTMod
                           Seq2SeqTrainingArguments, Trainer, TrainingArguments)
 
 import prunetrain as pt
-from prunetrain.callbacks import HardConcreteCallback, HeadPruningCallback, PruningCurveCallback
-from prunetrain.data import build_dataset, make_collator, marian_config, read_parallel, train_tokenizer
-from prunetrain.report_plots import read_image_tags, read_scalars
+from prunetrain.training.callbacks import HardConcreteCallback, HeadPruningCallback, PruningCurveCallback
+from prunetrain.mt.data import build_dataset, make_collator, marian_config, read_parallel, train_tokenizer
+from prunetrain.utils.plots import read_image_tags, read_scalars
 
 TINY_SCRIPT = Path(__file__).parent / "dist" / "train_tiny.py"
 

@@ -9,7 +9,7 @@ import torch
 
 import prunetrain as pt
 from conftest import run_cli
-from prunetrain.recipe import load_recipe, recipe_from_dict
+from prunetrain.mt.recipe import load_recipe, recipe_from_dict
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -75,8 +75,8 @@ def test_recipe_yaml_validation_lists_valid_keys(tmp_path):
 def saved_translation_model(tmp_path_factory, multi30k_dir):
     from transformers import MarianMTModel
 
-    from prunetrain.data import marian_config, read_parallel, train_tokenizer
-    from prunetrain.translation import save_translation_model
+    from prunetrain.mt.data import marian_config, read_parallel, train_tokenizer
+    from prunetrain.mt.translation import save_translation_model
 
     pairs = read_parallel(multi30k_dir, "train", limit=300)
     tokenizer = train_tokenizer(pairs, vocab_size=300)

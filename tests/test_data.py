@@ -8,7 +8,7 @@ import time
 import pytest
 import torch
 
-from prunetrain.data import (
+from prunetrain.mt.data import (
     EOS_ID, PAD_ID, UNK_ID, Seq2SeqDataset, TokenBudgetBatchSampler, available_splits, build_dataset,
     default_data_dir, load_tokenizer, make_collator, marian_config_base, marian_config_small, read_parallel,
     token_budget_dataloader, train_tokenizer,
@@ -288,7 +288,7 @@ def test_collator_keeps_padded_labels_for_families_that_shift_in_place(m30k_toke
 
 
 def test_collate_batches_keeps_order_sizes_and_limit(m30k_tokenizer, multi30k_train_slice):
-    from prunetrain.data import collate_batches
+    from prunetrain.mt.data import collate_batches
 
     dataset = build_dataset(multi30k_train_slice[:10], m30k_tokenizer)
     collator = make_collator(m30k_tokenizer)

@@ -19,7 +19,7 @@ import pytest
 import torch
 
 from prunetrain import HeadMask, find_heads, load_pruned, save_pruned, shrink
-from prunetrain.fairseq_interop import (
+from prunetrain.interop.fairseq import (
     FairseqDictionary,
     convert_fairseq,
     fairseq_importance,
@@ -30,7 +30,7 @@ from prunetrain.fairseq_interop import (
     translate,
     wrap_fairseq,
 )
-from prunetrain.importance import head_importance
+from prunetrain.methods.importance import head_importance
 
 FAIRSEQ_REASON = (
     "FAIRSEQ NOT INSTALLED: the fairseq interoperability tests (issue 8) did not run. Install the extra in a separate "

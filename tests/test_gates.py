@@ -6,7 +6,7 @@ import pytest
 import torch
 
 import prunetrain as pt
-from prunetrain.gates import BETA, LIMIT_L, LIMIT_R, HardConcreteGates, gates_for
+from prunetrain.methods.gates import BETA, LIMIT_L, LIMIT_R, HardConcreteGates, gates_for
 from prunetrain.zoo import tiny_inputs, tiny_model
 
 

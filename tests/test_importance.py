@@ -9,8 +9,8 @@ import pytest
 import torch
 
 from prunetrain import HeadMask, attached_masks, find_heads, shrink
-from prunetrain.heads import attention_sites
-from prunetrain.importance import (
+from prunetrain.engine.heads import attention_sites
+from prunetrain.methods.importance import (
     SCORERS,
     AblationScorer,
     GradientScorer,

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from prunetrain.importance import HeadScores, ablation_scores, confidence_scores, head_importance
+from prunetrain.methods.importance import HeadScores, ablation_scores, confidence_scores, head_importance
 from prunetrain.zoo import tiny_inputs, tiny_model
 
 FAMILY = "marian"

@@ -1,4 +1,4 @@
-"""Cached generation through a self-attention site with no heads left (prunetrain.kv_cache).
+"""Cached generation through a self-attention site with no heads left (prunetrain.engine.kv_cache).
 
 The KV cache places new tokens from the cached length of layer 0; a head-less layer caches `[B, 0, T, d]` keys,
 which transformers counts as empty. These tests empty exactly that layer and check cached generation of the shrunk
@@ -10,7 +10,7 @@ import pytest
 import torch
 
 import prunetrain as pt
-from prunetrain.kv_cache import headless_layer_class, track_headless_cache
+from prunetrain.engine.kv_cache import headless_layer_class, track_headless_cache
 from prunetrain.zoo import SEQ2SEQ_FAMILIES, tiny_inputs, tiny_model
 
 GENERATING = ("marian", "bart", "t5", "gpt2", "llama", "qwen2", "mistral", "fsmt")
@@ -145,5 +145,5 @@ def test_tracking_is_idempotent_and_only_for_head_less_self_attention():
                                                     cross_site: [0, 1, 2, 3]}))
     assert track_headless_cache(model) == [first]
     pt.shrink(model, pt.HeadMask.ones(model))  # a second shrink hooks nothing twice
-    hooks = [hook for site in pt.heads.attention_sites(model) for hook in site.module._forward_hooks.values()]
+    hooks = [hook for site in pt.engine.heads.attention_sites(model) for hook in site.module._forward_hooks.values()]
     assert len(hooks) == 1

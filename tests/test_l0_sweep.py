@@ -7,12 +7,12 @@ import re
 import pytest
 
 from conftest import run_cli
-from prunetrain.heads import find_heads
-from prunetrain.l0_sweep import ALL_KINDS, BUDGET, budget_comparison
-from prunetrain.mask import HeadMask
-from prunetrain.recipe import GateSweepRecipe, load_recipe, recipe_from_dict
-from prunetrain.report_plots import read_image_tags, read_scalars
-from prunetrain.translation import load_translation_model
+from prunetrain.engine.heads import find_heads
+from prunetrain.mt.l0_sweep import ALL_KINDS, BUDGET, budget_comparison
+from prunetrain.engine.mask import HeadMask
+from prunetrain.mt.recipe import GateSweepRecipe, load_recipe, recipe_from_dict
+from prunetrain.utils.plots import read_image_tags, read_scalars
+from prunetrain.mt.translation import load_translation_model
 
 
 def _one_line_error(result, pattern):

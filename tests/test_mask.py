@@ -41,7 +41,7 @@ def test_zeroing_a_head_equals_zeroing_its_output_projection_columns(family):
     layout = pt.find_heads(model)
     mask = pt.HeadMask.ones(model)
     reference = copy.deepcopy(model)
-    sites = {s.info.name: s for s in pt.heads.attention_sites(reference)}
+    sites = {s.info.name: s for s in pt.engine.heads.attention_sites(reference)}
     for index, site in enumerate(layout):
         head = (index * 3) % site.num_heads
         mask.set(site.name, head, 0.0)

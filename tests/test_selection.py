@@ -7,8 +7,8 @@ import pytest
 import torch
 
 from prunetrain import HeadMask, attached_masks, find_heads, shrink
-from prunetrain.importance import HeadScores, head_importance, random_scores
-from prunetrain.selection import iterative_prune, select_heads
+from prunetrain.methods.importance import HeadScores, head_importance, random_scores
+from prunetrain.methods.selection import iterative_prune, select_heads
 from prunetrain.zoo import tiny_inputs, tiny_model
 
 

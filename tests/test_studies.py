@@ -6,8 +6,8 @@ import pytest
 import torch
 
 import prunetrain as pt
-from prunetrain import studies
-from prunetrain.curve import loss_metric
+from prunetrain.methods import studies
+from prunetrain.methods.curve import loss_metric
 from prunetrain.zoo import tiny_inputs, tiny_model
 
 

@@ -10,9 +10,9 @@ import torch
 from transformers import MarianMTModel
 
 import prunetrain as pt
-from prunetrain.data import PAD_ID, marian_config_small, read_parallel
-from prunetrain.device import bf16_is_fast
-from prunetrain.translation import (
+from prunetrain.mt.data import PAD_ID, marian_config_small, read_parallel
+from prunetrain.utils.device import bf16_is_fast
+from prunetrain.mt.translation import (
     evaluate_bleu, evaluate_directory, load_translation_model, save_translation_model,
     score_translations, translate,
 )
@@ -163,14 +163,14 @@ def test_evaluate_directory_scores_saved_pruned_and_full_models(m30k_tokenizer, 
 
 def test_a_shrunk_model_with_a_headless_decoder_self_attention_translates_like_the_masked_one(m30k_tokenizer):
     """transformers' KV cache counts cached positions from the keys, which a head-less layer leaves empty: the
-    shrunk model (whose head-less site keeps count, prunetrain.kv_cache) must translate like the masked one."""
+    shrunk model (whose head-less site keeps count, prunetrain.engine.kv_cache) must translate like the masked one."""
     import copy
 
     from transformers import MarianMTModel
 
     import prunetrain as pt
-    from prunetrain.data import marian_config
-    from prunetrain.translation import translate
+    from prunetrain.mt.data import marian_config
+    from prunetrain.mt.translation import translate
 
     torch.manual_seed(0)
     model = MarianMTModel(marian_config(m30k_tokenizer, d_model=32, ffn_dim=64, layers=2, heads=4)).eval()

@@ -12,9 +12,9 @@ from pathlib import Path
 import torch
 from transformers import MarianMTModel, Seq2SeqTrainer, Seq2SeqTrainingArguments
 
-from prunetrain.callbacks import HardConcreteCallback, HeadPruningCallback, last_complete_checkpoint, restore_layout
-from prunetrain.data import build_dataset, make_collator, marian_config, read_parallel, train_tokenizer
-from prunetrain.heads import find_heads
+from prunetrain.training.callbacks import HardConcreteCallback, HeadPruningCallback, last_complete_checkpoint, restore_layout
+from prunetrain.mt.data import build_dataset, make_collator, marian_config, read_parallel, train_tokenizer
+from prunetrain.engine.heads import find_heads
 
 
 def main():

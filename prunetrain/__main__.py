@@ -1,0 +1,4 @@
+"""`python -m prunetrain`: the command line."""
+from prunetrain.cli import main
+
+main()

@@ -1,0 +1,3 @@
+from prunetrain.cli import main
+
+main()

@@ -1,0 +1,295 @@
+"""HeadMask: a keep value ξ_h per head per site, applied on the input of each attention output projection.
+
+Michel et al. (2019) write multi-head attention with a mask variable per head,
+
+    MHAtt(x, q) = Σ_h ξ_h · Att_h(x, q) W_o^h,
+
+so multiplying head h's slice of the concatenated head outputs (the input of the output projection,
+`[..., num_heads * head_dim]`, head-major) by ξ_h is exactly that. It works for every attention backend (eager,
+sdpa, flex) because it acts after attention. With `requires_grad_()` the keep values are leaf tensors and
+∂L/∂ξ_h is their gradient (the basis of head importance).
+"""
+
+from __future__ import annotations
+
+import json
+import weakref
+from pathlib import Path
+from typing import Iterable, Mapping
+
+import torch
+from torch import nn
+
+from prunetrain.engine.heads import AttentionSite, HeadLayout, attention_sites, find_heads, unwrap_model
+
+
+def scale_heads(x: torch.Tensor, values: torch.Tensor, head_dim: int) -> torch.Tensor:
+    """Multiply head h's slice of the concatenated head outputs x `[..., H * d]` by values[h]."""
+    values = values.to(device=x.device, dtype=x.dtype)
+    return (x.unflatten(-1, (-1, head_dim)) * values[:, None]).flatten(-2)  # [..., H, d] -> [..., H * d]
+
+
+class _HeadScale:
+    """Forward pre-hook: multiply head h's slice of the output projection's input by keep[h]."""
+
+    def __init__(self, keep: torch.Tensor, head_dim: int):
+        self.keep = keep
+        self.head_dim = head_dim
+
+    def __call__(self, module: nn.Module, args: tuple):
+        (x, *rest) = args
+        return (scale_heads(x, self.keep, self.head_dim), *rest)
+
+
+class HeadMask:
+    """A keep value per head for every attention site of one model layout.
+
+    1 keeps a head, 0 removes it, values in between scale its output. Build one with `HeadMask.ones(model)`
+    (or from a layout), change values with `mask[site_name] = ...` / `mask.set(site, head, value)`, then
+    `attach(model)` (or `with mask.applied(model): ...`). `detach()` removes every hook it added.
+    """
+
+    def __init__(self, layout: HeadLayout, values: Mapping[str, Iterable[float] | torch.Tensor] | None = None):
+        self.layout = layout
+        self._values: dict[str, torch.Tensor] = {
+            s.name: torch.ones(s.num_heads, dtype=torch.float32) for s in layout
+        }
+        self._handles: list = []
+        self._model_ref: nn.Module | None = None
+        for name, keep in (values or {}).items():
+            self[name] = keep
+
+    # construction -----------------------------------------------------------------------------------------------
+    @classmethod
+    def ones(cls, model_or_layout: nn.Module | HeadLayout) -> "HeadMask":
+        return cls(_layout_of(model_or_layout))
+
+    @classmethod
+    def from_heads(cls, model_or_layout, remove: Mapping[str, Iterable[int]]) -> "HeadMask":
+        """A mask that removes the given heads (current positions within each site) and keeps all others."""
+        mask = cls.ones(model_or_layout)
+        for name, heads in remove.items():
+            for head in heads:
+                mask.set(name, head, 0.0)
+        return mask
+
+    # values -----------------------------------------------------------------------------------------------------
+    def __getitem__(self, name: str) -> torch.Tensor:
+        self._check_site(name)
+        return self._values[name]
+
+    def __setitem__(self, name: str, keep) -> None:
+        self._check_site(name)
+        expected = self.layout[name].num_heads
+        tensor = torch.as_tensor(keep, dtype=torch.float32).detach().clone().reshape(-1)
+        if tensor.numel() != expected:
+            raise ValueError(f"mask[{name!r}]: got {tensor.numel()} keep values, but this site has {expected} heads.")
+        _check_range(f"mask[{name!r}]", tensor)
+        self._values[name].data.copy_(tensor)
+
+    def set(self, name: str, head: int, value: float) -> None:
+        self._check_site(name)
+        n = self.layout[name].num_heads
+        if not 0 <= head < n:
+            raise ValueError(f"head: {head} is out of range for site {name!r}, which has heads 0..{n - 1}.")
+        _check_range(f"value for {name!r} head {head}", torch.tensor([float(value)]))
+        with torch.no_grad():
+            self._values[name][head] = float(value)
+
+    def items(self):
+        return self._values.items()
+
+    def values(self) -> list[torch.Tensor]:
+        return list(self._values.values())
+
+    def requires_grad_(self, flag: bool = True) -> "HeadMask":
+        """Make the keep values leaf tensors that collect ∂L/∂ξ (used by head importance)."""
+        for tensor in self._values.values():
+            tensor.requires_grad_(flag)
+        return self
+
+    def zero_grad(self) -> None:
+        for tensor in self._values.values():
+            tensor.grad = None
+
+    def kept(self, name: str) -> list[int]:
+        """Positions of heads with a non-zero keep value at `name`."""
+        return torch.nonzero(self[name] != 0).flatten().tolist()
+
+    @property
+    def num_kept(self) -> int:
+        return sum(int((v != 0).sum()) for v in self._values.values())
+
+    @property
+    def num_heads(self) -> int:
+        return self.layout.total_heads
+
+    def kept_per_kind(self) -> dict[str, int]:
+        out = {k: 0 for k in self.layout.kinds}
+        for site in self.layout:
+            out[site.kind] += int((self._values[site.name] != 0).sum())
+        return out
+
+    def is_binary(self) -> bool:
+        return all(bool(((v == 0) | (v == 1)).all()) for v in self._values.values())
+
+    def copy(self) -> "HeadMask":
+        return HeadMask(self.layout, {k: v.detach() for k, v in self._values.items()})
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, HeadMask):
+            return NotImplemented
+        return self.layout.names == other.layout.names and all(
+            torch.equal(self._values[k].detach(), other._values[k].detach()) for k in self._values
+        )
+
+    def __repr__(self) -> str:
+        return f"HeadMask({self.num_kept}/{self.num_heads} heads kept, attached={self.attached})"
+
+    # hooks ------------------------------------------------------------------------------------------------------
+    @property
+    def attached(self) -> bool:
+        return bool(self._handles)
+
+    def attach(self, model: nn.Module) -> "HeadMask":
+        """Register one forward pre-hook per site on `model`'s output projections. Returns self."""
+        if self.attached:
+            raise RuntimeError("HeadMask.attach: this mask is already attached; call detach() first.")
+        model = unwrap_model(model)  # record it under the model itself, not a DDP / accelerate wrapper
+        sites = attention_sites(model)
+        self.check_matches(sites)
+        for site in sites:
+            hook = _HeadScale(self._values[site.info.name], site.info.head_dim)
+            self._handles.append(site.out_proj.register_forward_pre_hook(hook))
+        self._model_ref = model
+        _attached_masks(model).append(self)
+        return self
+
+    def detach(self) -> None:
+        """Remove every hook this mask added; the model is exactly as before `attach`."""
+        for handle in self._handles:
+            handle.remove()
+        self._handles = []
+        if self._model_ref is not None:
+            masks = _attached_masks(self._model_ref)
+            if self in masks:
+                masks.remove(self)
+        self._model_ref = None
+
+    def applied(self, model: nn.Module) -> "HeadMask":
+        """Context manager form: `with mask.applied(model): ...` attaches, and detaches on exit."""
+        self._pending_model = model
+        return self
+
+    def __enter__(self) -> "HeadMask":
+        model = getattr(self, "_pending_model", None)
+        if model is None:
+            raise RuntimeError("use `with mask.applied(model):` to attach a HeadMask in a with-block.")
+        self._pending_model = None
+        return self.attach(model)
+
+    def __exit__(self, *exc) -> None:
+        self.detach()
+
+    def check_matches(self, model_or_sites) -> None:
+        """Raise `ValueError` unless this mask was built for the same sites and head counts as the model."""
+        if isinstance(model_or_sites, nn.Module):
+            sites = [s.info for s in attention_sites(model_or_sites)]
+        else:
+            sites = [s.info if isinstance(s, AttentionSite) else s for s in model_or_sites]
+        mine = [(s.name, s.num_heads) for s in self.layout]
+        theirs = [(s.name, s.num_heads) for s in sites]
+        if mine != theirs:
+            diff = next(((a, b) for a, b in zip(mine, theirs) if a != b), None)
+            detail = (f"first difference: mask has {diff[0]}, model has {diff[1]}" if diff
+                      else f"mask has {len(mine)} sites, model has {len(theirs)}")
+            raise ValueError(
+                f"mask: shaped for another model ({len(mine)} sites, {sum(n for _, n in mine)} heads) than this one "
+                f"({len(theirs)} sites, {sum(n for _, n in theirs)} heads); {detail}."
+            )
+
+    # serialisation ----------------------------------------------------------------------------------------------
+    def to_dict(self) -> dict:
+        return {
+            "format": "prunetrain.HeadMask/1",
+            "sites": {name: [float(x) for x in v.detach().tolist()] for name, v in self._values.items()},
+        }
+
+    def to_json(self, path: str | Path | None = None) -> str:
+        text = json.dumps(self.to_dict(), indent=1)
+        if path is not None:
+            Path(path).write_text(text)
+        return text
+
+    @classmethod
+    def from_dict(cls, data: Mapping, model_or_layout) -> "HeadMask":
+        """Rebuild a mask from `to_dict()` output for a model (or layout); every site must be named."""
+        layout = _layout_of(model_or_layout)
+        sites = data.get("sites") if isinstance(data, Mapping) else None
+        if not isinstance(sites, Mapping):
+            raise ValueError("mask data: expected a mapping with a 'sites' entry (site name -> keep list).")
+        unknown = [name for name in sites if name not in layout]
+        if unknown:
+            raise ValueError(f"mask data: unknown site {unknown[0]!r}; valid sites: {', '.join(layout.names[:4])}, ...")
+        missing = [name for name in layout.names if name not in sites]
+        if missing:
+            raise ValueError(f"mask data: site {missing[0]!r} of this model is missing ({len(missing)} missing).")
+        return cls(layout, sites)
+
+    @classmethod
+    def from_json(cls, text_or_path: str | Path, model_or_layout) -> "HeadMask":
+        text = str(text_or_path)
+        if not text.lstrip().startswith("{"):
+            text = Path(text_or_path).read_text()
+        return cls.from_dict(json.loads(text), model_or_layout)
+
+    def state_dict(self) -> dict[str, torch.Tensor]:
+        return {name: v.detach().clone() for name, v in self._values.items()}
+
+    def load_state_dict(self, state: Mapping[str, torch.Tensor]) -> None:
+        if set(state) != set(self._values):
+            extra = sorted(set(state) - set(self._values))
+            missing = sorted(set(self._values) - set(state))
+            raise ValueError(f"state: site names differ from this mask (unknown {extra[:2]}, missing {missing[:2]}).")
+        for name, tensor in state.items():
+            self[name] = tensor
+
+    def _check_site(self, name: str) -> None:
+        if name not in self.layout:
+            raise ValueError(f"site: unknown site {name!r}; valid sites are: {', '.join(map(repr, self.layout.names[:4]))}"
+                             f"{', ...' if len(self.layout) > 4 else ''}.")
+
+
+def _check_range(what: str, tensor: torch.Tensor) -> None:
+    bad = tensor[~((tensor >= 0) & (tensor <= 1))]
+    if bad.numel():
+        raise ValueError(f"{what}: keep value {float(bad[0]):.6g} is outside [0, 1].")
+
+
+def _layout_of(model_or_layout) -> HeadLayout:
+    if isinstance(model_or_layout, HeadLayout):
+        return model_or_layout
+    return find_heads(model_or_layout)
+
+
+_ATTACHED: "weakref.WeakKeyDictionary[nn.Module, list]" = weakref.WeakKeyDictionary()
+
+
+def _attached_masks(model: nn.Module) -> list:
+    return _ATTACHED.setdefault(unwrap_model(model), [])
+
+
+def stray_mask_hooks(model: nn.Module) -> list[str]:
+    """Sites whose output projection carries a HeadMask hook that no mask attached to `model` owns — what
+    `copy.deepcopy` of a model with an attached mask leaves on the copy (the hooks are copied, the registration
+    is not)."""
+    model = unwrap_model(model)
+    owned = {handle.id for mask in attached_masks(model) for handle in mask._handles}
+    return [site.info.name for site in attention_sites(model)
+            if any(isinstance(hook, _HeadScale) and key not in owned
+                   for key, hook in site.out_proj._forward_pre_hooks.items())]
+
+
+def attached_masks(model: nn.Module) -> list[HeadMask]:
+    """The HeadMasks currently attached to `model` (or to the model inside a DDP / accelerate wrapper)."""
+    return list(_ATTACHED.get(unwrap_model(model), []))

@@ -1,0 +1,145 @@
+"""Physical head removal: slice q/k/v rows and output-projection columns, in place, optimizer state included.
+
+`shrink(model, mask)` makes the model compute exactly what the masked model computes, with fewer weights:
+for every head h with ξ_h = 0 the q/k/v rows and output-projection columns of h are removed; a kept head with
+0 < ξ_h < 1 has ξ_h folded into its output-projection columns (Σ_h ξ_h Att_h W_o^h = Σ_h Att_h (ξ_h W_o^h)).
+
+Parameters are shrunk in place (`param.data` is replaced), so parameter identities, and with them the optimizer's
+param groups, stay valid; the optimizer's per-parameter state (Adam/AdamW `exp_avg`/`exp_avg_sq`, SGD
+`momentum_buffer`) is sliced the same way, so training continues and the kept weights keep learning.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import torch
+from torch import nn
+
+from prunetrain.engine.heads import LAYOUT_CONFIG_KEY, AttentionSite, HeadLayout, attention_sites, find_heads, unwrap_model
+from prunetrain.engine.kv_cache import track_headless_cache
+from prunetrain.engine.mask import HeadMask, attached_masks, stray_mask_hooks
+
+GQA_ROUNDING = ("error", "keep", "drop")
+
+
+class _OptimizerSlicer:
+    """`select(param, dim, index)` for `shrink`: slices the parameter, its gradient and its optimizer state."""
+
+    def __init__(self, optimizer: torch.optim.Optimizer | None):
+        while optimizer is not None and not isinstance(optimizer, torch.optim.Optimizer) and hasattr(optimizer, "optimizer"):
+            optimizer = optimizer.optimizer  # accelerate's AcceleratedOptimizer and similar wrappers
+        if optimizer is not None and not isinstance(optimizer, torch.optim.Optimizer):
+            raise TypeError(f"optimizer: expected a torch.optim.Optimizer (or a wrapper with .optimizer), "
+                            f"got {type(optimizer).__name__}.")
+        self.optimizer = optimizer
+
+    def __call__(self, param: nn.Parameter, dim: int, index: torch.Tensor) -> None:
+        index = index.to(param.device)
+        old_shape = param.shape
+        state = self.optimizer.state.get(param) if self.optimizer is not None else None
+        if state:
+            for key, value in list(state.items()):
+                if not torch.is_tensor(value) or value.dim() == 0:
+                    continue  # step counters
+                if value.shape != old_shape:
+                    raise ValueError(
+                        f"optimizer: state {key!r} of shape {tuple(value.shape)} does not follow its parameter "
+                        f"{tuple(old_shape)}, so it cannot be sliced; supported are optimizers whose state has the "
+                        f"parameter's shape (SGD with momentum, Adam, AdamW, RMSprop, Adagrad)."
+                    )
+                state[key] = value.index_select(dim, index.to(value.device)).contiguous()
+        grad = param.grad
+        param.data = param.data.index_select(dim, index).contiguous()
+        if grad is not None:
+            param.grad = grad.index_select(dim, index).contiguous()
+
+
+def _keep_positions(site: AttentionSite, keep: torch.Tensor, gqa_rounding: str) -> torch.Tensor:
+    """Positions of the query heads that stay, whole key/value groups at a time under GQA."""
+    alive = keep != 0
+    g = site.info.group_size
+    if g > 1:
+        groups = alive.view(-1, g)
+        partial = groups.any(1) & ~groups.all(1)
+        if partial.any():
+            group = int(torch.nonzero(partial)[0])
+            if gqa_rounding == "error":
+                raise ValueError(
+                    f"mask: site {site.info.name!r} removes only part of key/value group {group} "
+                    f"(query heads {group * g}..{group * g + g - 1}, keep={keep.view(-1, g)[group].tolist()}); with "
+                    f"grouped-query attention heads are removed {g} at a time. Make the mask group-aligned, or pass "
+                    f"gqa_rounding='keep' (keep such groups, zeroed heads stay zero) or 'drop' (remove such groups)."
+                )
+            groups = groups.any(1, keepdim=True) if gqa_rounding == "keep" else groups.all(1, keepdim=True)
+            alive = groups.expand(-1, g).reshape(-1)
+    return torch.nonzero(alive).flatten()
+
+
+def _fold_scale(site: AttentionSite, keep: torch.Tensor) -> None:
+    """Multiply each head's output-projection input columns by its keep value ξ_h (exactness for soft masks)."""
+    if bool((keep == 1).all()):
+        return
+    d = site.info.head_dim
+    per_feature = keep.repeat_interleave(d)  # [H * d]
+    weight = site.out_proj.weight
+    with torch.no_grad():
+        if isinstance(site.out_proj, nn.Linear):  # weight [out, in]
+            weight.mul_(per_feature.to(weight)[None, :])
+        else:  # transformers Conv1D: weight [in, out]
+            weight.mul_(per_feature.to(weight)[:, None])
+
+
+def shrink(
+    model: nn.Module,
+    mask: HeadMask,
+    optimizer: torch.optim.Optimizer | None = None,
+    gqa_rounding: Literal["error", "keep", "drop"] = "error",
+) -> HeadLayout:
+    """Physically remove every head whose keep value is 0, in place; returns the model's new `HeadLayout`.
+
+    - Kept heads with 0 < ξ < 1 have ξ folded into their output-projection columns, so the shrunk model computes
+      what the masked model computes.
+    - A site with every head removed keeps only its output-projection bias (the residual path around it stays);
+      a head-less self-attention site still counts its cached positions, so cached generation stays exact
+      (`prunetrain.engine.kv_cache`).
+    - Grouped-query attention: heads go in whole key/value groups. A mask that removes part of a group raises,
+      unless `gqa_rounding` is `'keep'` (keep the group; its zeroed heads stay zero, so outputs are unchanged) or
+      `'drop'` (remove the whole group; outputs change).
+    - `optimizer`: its state for the sliced parameters is sliced the same way (Adam/AdamW, SGD momentum, ...).
+    - If `mask` is attached to `model` it is detached first (its zeros are now physical). Any other attached
+      HeadMask is an error, since it would no longer match the model's shape.
+    """
+    if gqa_rounding not in GQA_ROUNDING:
+        raise ValueError(f"gqa_rounding: {gqa_rounding!r} is not one of {', '.join(map(repr, GQA_ROUNDING))}.")
+    if not isinstance(mask, HeadMask):
+        raise TypeError(f"mask: expected a prunetrain.HeadMask, got {type(mask).__name__}.")
+    model = unwrap_model(model)
+    sites = attention_sites(model)
+    mask.check_matches(sites)
+    others = [m for m in attached_masks(model) if m is not mask]
+    if others:
+        raise ValueError("model: another HeadMask is attached to it; detach it before shrink, since it would no "
+                         "longer match the shrunk model.")
+    stray = stray_mask_hooks(model)
+    if stray:
+        raise ValueError(f"model: site {stray[0]!r} carries a HeadMask hook that no attached mask owns (a deep copy "
+                         f"of a model with a mask attached copies its hooks); shrink the original's mask into it "
+                         f"first, or detach masks before copying.")
+    select = _OptimizerSlicer(optimizer)
+    keeps = {site.info.name: mask[site.info.name].detach().clone() for site in sites}
+    plans = [(site, _keep_positions(site, keeps[site.info.name], gqa_rounding)) for site in sites]
+    if mask.attached:
+        mask.detach()
+
+    layout_record = dict(getattr(model.config, LAYOUT_CONFIG_KEY, None) or {})
+    for site, positions in plans:
+        keep = keeps[site.info.name]
+        _fold_scale(site, keep)
+        if len(positions) == site.info.num_heads:
+            continue
+        site.adapter.remove_heads(site, positions, select)
+        layout_record[site.info.name] = [site.info.heads[i] for i in positions.tolist()]
+    setattr(model.config, LAYOUT_CONFIG_KEY, layout_record)
+    track_headless_cache(model)
+    return find_heads(model)

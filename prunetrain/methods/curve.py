@@ -1,0 +1,244 @@
+"""Metric as a function of the share of heads pruned (Michel et al. 2019, §4.2 Fig. 3 and §6 Fig. 5).
+
+`pruning_curve` masks the lowest-scoring fraction p of the heads for each p in `fractions` (one-shot from one set of
+scores, or iteratively re-estimated, or in random order as a baseline) and evaluates the masked model. It needs no
+Trainer; `PruningCurveCallback` and `prunetrain study curve` call it.
+
+Metrics are callables `metric(model) -> float | dict` (a dict must hold the key named by `key`); helpers build
+the common ones: `bleu_metric` (sacreBLEU on detokenized greedy/beam output), `loss_metric`, `accuracy_metric`.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Any, Callable, Iterable, Mapping, Sequence
+
+import torch
+from torch import nn
+
+from prunetrain.methods.importance import HeadScores, _is_causal_lm, get_scorer, loss_token_count, random_scores
+from prunetrain.engine.mask import HeadMask
+from prunetrain.utils.progress import bar
+from prunetrain.methods.selection import iterative_prune, select_heads
+
+DEFAULT_FRACTIONS = tuple(round(0.1 * i, 1) for i in range(10))
+"""0, 10, ..., 90 % of heads pruned (Michel et al. 2019 prune in steps of 10 %)."""
+ORDERS = ("importance", "random")
+
+Metric = Callable[[nn.Module], "float | dict"]
+
+
+@dataclass
+class CurvePoint:
+    """One point: the fraction asked for, heads kept (in total and per kind), the metric value and its cost."""
+
+    fraction: float
+    heads_kept: int
+    heads_total: int
+    kept_per_kind: dict[str, int]
+    value: float
+    seconds: float
+    details: dict = field(default_factory=dict)
+
+
+@dataclass
+class Curve:
+    """A pruning curve: points in increasing fraction, with how it was made."""
+
+    metric: str
+    order: str
+    iterative: bool
+    points: list[CurvePoint]
+    meta: dict = field(default_factory=dict)
+
+    def to_dict(self) -> dict:
+        return {"metric": self.metric, "order": self.order, "iterative": self.iterative,
+                "points": [asdict(p) for p in self.points], "meta": self.meta}
+
+    @classmethod
+    def from_dict(cls, data: Mapping) -> "Curve":
+        return cls(data["metric"], data["order"], data["iterative"], [CurvePoint(**p) for p in data["points"]],
+                   dict(data.get("meta", {})))
+
+    @property
+    def fractions(self) -> list[float]:
+        return [p.fraction for p in self.points]
+
+    @property
+    def values(self) -> list[float]:
+        return [p.value for p in self.points]
+
+
+def check_fractions(fractions: Sequence[float], argument: str = "fractions") -> list[float]:
+    """Validate and sort a list of fractions of heads in [0, 1]."""
+    out = []
+    for f in fractions:
+        if isinstance(f, bool) or not isinstance(f, (int, float)) or not 0 <= f <= 1:
+            raise ValueError(f"{argument}: {f!r} is not a fraction in [0, 1] (e.g. 0.1 for 10 % of the heads).")
+        out.append(float(f))
+    if not out:
+        raise ValueError(f"{argument}: give at least one fraction in [0, 1].")
+    return sorted(set(out))
+
+
+def _value(result, key: str) -> tuple[float, dict]:
+    if isinstance(result, Mapping):
+        if key not in result:
+            raise KeyError(f"metric returned {sorted(result)} but the curve needs {key!r}.")
+        details = {k: v for k, v in result.items() if isinstance(v, (int, float, str)) and k != key}
+        return float(result[key]), details
+    return float(result), {}
+
+
+def pruning_curve(
+    model: nn.Module,
+    metric: Metric,
+    *,
+    fractions: Sequence[float] = DEFAULT_FRACTIONS,
+    scores: HeadScores | None = None,
+    batches: Iterable[Mapping[str, Any]] | None = None,
+    order: str = "importance",
+    iterative: bool = False,
+    seed: int = 0,
+    scope: str = "global",
+    kinds: str | Iterable[str] | None = None,
+    min_heads_per_layer: int = 0,
+    base_mask: HeadMask | None = None,
+    key: str = "value",
+    metric_name: str = "metric",
+    scorer: str = "gradient",
+    scorer_options: Mapping[str, Any] | None = None,
+) -> Curve:
+    """Evaluate `metric` with the lowest-scoring `fraction` of heads masked, for every fraction.
+
+    scores:    importance to rank by (default: computed from `batches` with `scorer`, on the model as it is).
+    order:     "importance" or "random" (seeded baseline; `scores` and `batches` are then not needed).
+    iterative: re-estimate importance on the masked model between fractions (Michel §4: steps of the fraction
+               grid, which must then be evenly spaced from 0); needs `batches`.
+    base_mask: heads already removed (e.g. by training-time pruning) stay removed and count toward each fraction.
+    key:       the entry of a dict-valued metric to plot (e.g. "bleu").
+    The model is left as it was: no mask stays attached and its train/eval mode is restored.
+    """
+    fractions = check_fractions(fractions)
+    if order not in ORDERS:
+        raise ValueError(f"order: {order!r} is not one of {', '.join(map(repr, ORDERS))}.")
+    if iterative and order == "random":
+        raise ValueError("iterative: re-estimating importance has no meaning for order='random'; use one of them.")
+    was_training = model.training
+    model.eval()
+    try:
+        masks = _masks_for(model, fractions, scores, batches, order, iterative, seed, scope, kinds,
+                           min_heads_per_layer, base_mask, scorer, scorer_options)
+        points = []
+        for fraction, mask in bar(list(zip(fractions, masks)), desc="curve points", unit="point"):
+            start = time.perf_counter()
+            with torch.no_grad(), mask.applied(model):
+                value, details = _value(metric(model), key)
+            points.append(CurvePoint(fraction, mask.num_kept, mask.num_heads, mask.kept_per_kind(), value,
+                                     time.perf_counter() - start, details))
+    finally:
+        model.train(was_training)
+    return Curve(metric_name, order, iterative, points, {"scope": scope, "seed": seed if order == "random" else None})
+
+
+def _masks_for(model, fractions, scores, batches, order, iterative, seed, scope, kinds, min_heads, base_mask,
+               scorer, scorer_options) -> list[HeadMask]:
+    select = dict(scope=scope, kinds=kinds, min_heads_per_layer=min_heads, base_mask=base_mask)
+    if iterative:
+        if batches is None:
+            raise ValueError("batches: iterative curves re-estimate importance and need batches.")
+        steps = [b - a for a, b in zip([0.0] + fractions[:-1], fractions)]
+        step = fractions[1] - fractions[0] if len(fractions) > 1 else fractions[0]
+        if fractions[0] != 0 or any(abs(s - step) > 1e-9 for s in steps[1:]):
+            raise ValueError(f"fractions: iterative curves need an evenly spaced grid from 0, got {fractions}.")
+        result = iterative_prune(model, list(batches), step=step, target=fractions[-1], scorer=scorer,
+                                 scorer_options=scorer_options, **select)
+        start = base_mask.copy() if base_mask is not None else HeadMask.ones(model)
+        return [start] + [s.mask for s in result.history][: len(fractions) - 1]
+    if order == "random":
+        scores = random_scores(model, seed=seed)
+    elif scores is None:
+        if batches is None:
+            raise ValueError("scores: give importance scores, or batches to compute them from.")
+        if base_mask is not None:
+            with base_mask.applied(model):
+                scores = get_scorer(scorer, **dict(scorer_options or {}))(model, batches)
+        else:
+            scores = get_scorer(scorer, **dict(scorer_options or {}))(model, batches)
+    return [select_heads(scores, f, **select) for f in fractions]
+
+
+# -------------------------------------------------------------------------------------------------------------------
+# metrics
+# -------------------------------------------------------------------------------------------------------------------
+def bleu_metric(tokenizer, pairs: Sequence[tuple[str, str]], *, batch_size: int = 64, num_beams: int = 1,
+                autocast_bf16: bool = False, **generate_kwargs) -> Metric:
+    """sacreBLEU (detokenized) of the model's translations of `pairs`: returns the `evaluate_bleu` dict."""
+    from prunetrain.mt.translation import evaluate_bleu
+
+    pairs = list(pairs)
+    if not pairs:
+        raise ValueError("pairs: the BLEU metric needs at least one (source, reference) pair.")
+
+    def metric(model: nn.Module) -> dict:
+        if not hasattr(model, "generate"):
+            raise ValueError(f"metric: 'bleu' needs a model that can generate; {type(model).__name__} cannot.")
+        return evaluate_bleu(model, tokenizer, pairs, batch_size=batch_size, num_beams=num_beams,
+                             autocast_bf16=autocast_bf16, **generate_kwargs)
+
+    return metric
+
+
+def _device(model: nn.Module) -> torch.device:
+    return next(model.parameters()).device
+
+
+def _to_device(batch: Mapping, device: torch.device) -> dict:
+    return {k: v.to(device) if torch.is_tensor(v) else v for k, v in batch.items()}
+
+
+def loss_metric(batches: Iterable[Mapping[str, Any]]) -> Metric:
+    """Token-weighted mean of the model's own loss over `batches` (batches need `labels`)."""
+    batches = list(batches)
+
+    def metric(model: nn.Module) -> dict:
+        total, count = 0.0, 0
+        device = _device(model)
+        with torch.no_grad():
+            for batch in batches:
+                batch = _to_device(batch, device)
+                n = loss_token_count(model, batch)
+                total += float(model(**batch).loss) * n
+                count += n
+        return {"loss": total / max(count, 1), "tokens": count}
+
+    return metric
+
+
+def accuracy_metric(batches: Iterable[Mapping[str, Any]]) -> Metric:
+    """Accuracy of argmax predictions against `labels` (sequence classification, or tokens with labels != -100;
+    causal LMs are compared with the next token)."""
+    batches = list(batches)
+
+    def metric(model: nn.Module) -> dict:
+        correct, count = 0, 0
+        device = _device(model)
+        with torch.no_grad():
+            for batch in batches:
+                batch = _to_device(batch, device)
+                labels = batch["labels"]
+                logits = model(**{k: v for k, v in batch.items() if k != "labels"}).logits
+                if _is_causal_lm(model):  # position t predicts token t + 1
+                    logits, labels = logits[:, :-1], labels[:, 1:]
+                predictions = logits.argmax(-1)
+                valid = labels != -100
+                correct += int(((predictions == labels) & valid).sum())
+                count += int(valid.sum())
+        return {"accuracy": correct / max(count, 1), "items": count}
+
+    return metric
+
+
+__all__ = ["Curve", "CurvePoint", "DEFAULT_FRACTIONS", "accuracy_metric", "bleu_metric", "check_fractions",
+           "loss_metric", "pruning_curve"]

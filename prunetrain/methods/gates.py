@@ -1,0 +1,190 @@
+"""Hard-Concrete head gates (Louizos et al. 2018) as used by Voita et al. (2019, §6) to prune heads.
+
+Each gated head i has a gate g_i = min(1, max(0, s̄_i)) with
+
+    s_i = σ((log u − log(1 − u) + log α_i) / β),   u ~ U(0, 1),   s̄_i = s_i (r − l) + l,
+
+temperature β = 2/3 and stretch interval (l, r) = (−0.1, 1.1) (Louizos et al. 2018, §4). The gate is exactly 0 or 1
+with non-zero probability:
+
+    P(g_i = 0) = σ(β log(−l / r) − log α_i)                    (Louizos eq. 12)
+    P(g_i = 1) = σ(log α_i − β log((1 − l) / (r − 1)))
+
+and Voita's training objective is L = L_xent + λ Σ_i (1 − P(g_i = 0)) (the expected number of open gates, "L0").
+At evaluation the gates are deterministic: a head is kept when P(g_i = 1) > P(g_i = 0) (Voita et al. 2019, footnote
+on test time); with the constants above that is exactly log α_i > 0.
+
+The gate multiplies the head's output where `HeadMask` does (the input of the attention output projection).
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from typing import Iterable
+
+import torch
+from torch import nn
+
+from prunetrain.engine.heads import KINDS, HeadLayout, attention_sites, find_heads, unwrap_model
+from prunetrain.engine.mask import HeadMask, scale_heads
+
+BETA = 2.0 / 3.0
+"""Hard-Concrete temperature β (Louizos et al. 2018)."""
+LIMIT_L = -0.1
+"""Left end l of the stretch interval (Louizos et al. 2018)."""
+LIMIT_R = 1.1
+"""Right end r of the stretch interval (Louizos et al. 2018)."""
+_EPS = 1e-6
+
+
+def _key(site_name: str) -> str:
+    return re.sub(r"[^0-9A-Za-z_]", "_", site_name)
+
+
+class HardConcreteGates(nn.Module):
+    """One Hard-Concrete gate per head of the gated sites (`kinds`), with learnable log α.
+
+    - `attach(model)`: hooks that multiply each gated head by its gate. In training mode a fresh gate sample is
+      drawn for every forward pass of the model (reparameterised, so ∂L/∂ log α flows); in eval mode the gates are
+      the deterministic 0/1 values.
+    - `expected_l0()`: Σ_i (1 − P(g_i = 0)), differentiable; `penalty(λ)` = λ · expected_l0().
+    - `to_mask()`: the deterministic gates as a `HeadMask` (sites that are not gated keep every head).
+    """
+
+    def __init__(self, layout: HeadLayout, kinds: Iterable[str] | None = None, init_log_alpha: float = 2.0,
+                 init_noise: float = 0.01, seed: int = 0):
+        super().__init__()
+        kinds = list(layout.kinds if kinds is None else kinds)
+        unknown = [k for k in kinds if k not in KINDS]
+        if unknown:
+            raise ValueError(f"kinds: {unknown[0]!r} is not an attention kind; allowed: {', '.join(KINDS)}.")
+        missing = [k for k in kinds if k not in layout.kinds]
+        if missing:
+            raise ValueError(f"kinds: this model has no {missing[0]!r} attention; its kinds are "
+                             f"{', '.join(layout.kinds)}.")
+        if not math.isfinite(init_log_alpha):
+            raise ValueError(f"init_log_alpha: {init_log_alpha} is not a finite number.")
+        self.layout = layout
+        self.kinds = tuple(k for k in KINDS if k in kinds)
+        self.site_names = [s.name for s in layout if s.kind in self.kinds]
+        gen = torch.Generator().manual_seed(seed)
+        self.log_alpha = nn.ParameterDict({
+            _key(s.name): nn.Parameter(init_log_alpha + init_noise * torch.randn(s.num_heads, generator=gen))
+            for s in layout if s.kind in self.kinds
+        })
+        self._current: dict[str, torch.Tensor] = {}
+        self._handles: list = []
+
+    # distribution -----------------------------------------------------------------------------------------------
+    def site_log_alpha(self, name: str) -> torch.Tensor:
+        return self.log_alpha[_key(name)]
+
+    def prob_closed(self, name: str) -> torch.Tensor:
+        """P(g = 0) per head of site `name` (Louizos eq. 12)."""
+        return torch.sigmoid(BETA * math.log(-LIMIT_L / LIMIT_R) - self.site_log_alpha(name))
+
+    def prob_open(self, name: str) -> torch.Tensor:
+        """P(g = 1) per head of site `name`."""
+        return torch.sigmoid(self.site_log_alpha(name) - BETA * math.log((1 - LIMIT_L) / (LIMIT_R - 1)))
+
+    def expected_l0(self) -> torch.Tensor:
+        """Σ_i (1 − P(g_i = 0)): the expected number of non-zero gates (differentiable in log α)."""
+        return sum((1 - self.prob_closed(name)).sum() for name in self.site_names)
+
+    def penalty(self, lam: float) -> torch.Tensor:
+        """Voita et al. (2019) eq. (6) regulariser λ Σ_i (1 − P(g_i = 0))."""
+        return lam * self.expected_l0()
+
+    def sample(self, name: str) -> torch.Tensor:
+        """A reparameterised sample of the gates of site `name` (training)."""
+        log_alpha = self.site_log_alpha(name)
+        u = torch.rand_like(log_alpha).clamp(_EPS, 1 - _EPS)
+        s = torch.sigmoid((torch.log(u) - torch.log(1 - u) + log_alpha) / BETA)
+        return (s * (LIMIT_R - LIMIT_L) + LIMIT_L).clamp(0.0, 1.0)
+
+    def deterministic(self, name: str) -> torch.Tensor:
+        """Test-time gates: 1 where P(g = 1) > P(g = 0), else 0."""
+        return (self.prob_open(name) > self.prob_closed(name)).to(self.site_log_alpha(name).dtype)
+
+    def gate_values(self, training: bool) -> dict[str, torch.Tensor]:
+        return {name: self.sample(name) if training else self.deterministic(name) for name in self.site_names}
+
+    # export -----------------------------------------------------------------------------------------------------
+    def to_mask(self) -> HeadMask:
+        """The deterministic gates as a binary HeadMask over the whole layout."""
+        mask = HeadMask.ones(self.layout)
+        with torch.no_grad():
+            for name in self.site_names:
+                mask[name] = self.deterministic(name).detach().cpu()
+        return mask
+
+    def open_per_kind(self) -> dict[str, int]:
+        """Heads whose deterministic gate is open, per gated kind."""
+        out = {k: 0 for k in self.kinds}
+        with torch.no_grad():
+            for site in self.layout:
+                if site.name in self.site_names:
+                    out[site.kind] += int(self.deterministic(site.name).sum())
+        return out
+
+    def prob_open_matrix(self) -> torch.Tensor:
+        """1 − P(g = 0) as a [gated sites, max heads] matrix (NaN where a site has fewer heads), for heatmaps."""
+        width = max((self.layout[n].num_heads for n in self.site_names), default=0)
+        out = torch.full((len(self.site_names), width), float("nan"))
+        with torch.no_grad():
+            for row, name in enumerate(self.site_names):
+                values = 1 - self.prob_closed(name).detach().float().cpu()
+                out[row, : len(values)] = values
+        return out
+
+    # hooks ------------------------------------------------------------------------------------------------------
+    @property
+    def attached(self) -> bool:
+        return bool(self._handles)
+
+    def attach(self, model: nn.Module) -> "HardConcreteGates":
+        """Gate `model`'s heads: resample at every model forward in training mode, deterministic in eval mode."""
+        if self.attached:
+            raise RuntimeError("HardConcreteGates.attach: already attached; call detach() first.")
+        model = unwrap_model(model)
+        sites = {s.info.name: s for s in attention_sites(model)}
+        HeadMask(self.layout).check_matches(list(sites.values()))
+        self._handles.append(model.register_forward_pre_hook(self._resample))
+        for name in self.site_names:
+            hook = _GateHook(self, name, sites[name].info.head_dim)
+            self._handles.append(sites[name].out_proj.register_forward_pre_hook(hook))
+        return self
+
+    def detach(self) -> None:
+        for handle in self._handles:
+            handle.remove()
+        self._handles = []
+        self._current = {}
+
+    def _resample(self, model: nn.Module, args) -> None:
+        self._current = self.gate_values(training=model.training)
+
+    def current(self, name: str) -> torch.Tensor:
+        if name not in self._current:  # a site module called outside the model's forward
+            self._current[name] = self.sample(name) if self.training else self.deterministic(name)
+        return self._current[name]
+
+
+class _GateHook:
+    """Forward pre-hook on an output projection: multiply head h's slice by the current gate value."""
+
+    def __init__(self, gates: HardConcreteGates, name: str, head_dim: int):
+        self.gates, self.name, self.head_dim = gates, name, head_dim
+
+    def __call__(self, module: nn.Module, args: tuple):
+        (x, *rest) = args
+        return (scale_heads(x, self.gates.current(self.name), self.head_dim), *rest)
+
+
+def gates_for(model: nn.Module, kinds: Iterable[str] | None = None, **kwargs) -> HardConcreteGates:
+    """`HardConcreteGates` for `model`'s layout, on the model's device."""
+    model = unwrap_model(model)
+    gates = HardConcreteGates(find_heads(model), kinds=kinds, **kwargs)
+    device = next(model.parameters()).device
+    return gates.to(device)

@@ -1,0 +1,266 @@
+"""Pruning policies: which heads to remove given their scores (`select_heads`), and Michel et al.'s iterative
+pruning (§4: remove a fixed share of the heads, re-estimate importance on the pruned model, repeat).
+
+The amount convention (one for the whole project):
+
+- a float in [0, 1] is a fraction, an int is a count (so `1` is one head and `1.0` is all heads);
+- it is the share of ALL heads of the ORIGINAL layout (in scope) that are pruned in the end: heads already removed,
+  by zeros in `base_mask` or physically by `shrink` (a site's `original_num_heads - num_heads`), count toward it, and
+  only the difference is newly removed (nothing, if the base already removes as many or more);
+- a fraction becomes a count by rounding half up: round(0.25 * 18) = 5.
+
+Ties are broken deterministically: among equal scores the head in the earlier site (layout order) goes first, then
+the lower head index. With grouped-query attention (Llama-style, `site.group_size` g > 1) heads are selected in
+whole key/value groups so that `shrink(..., gqa_rounding="error")` accepts the mask: a group's score is the SUM of
+its heads' scores (first-order loss changes of removing several heads add up), and the number of heads removed is
+rounded down to whole groups.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterable, Mapping
+
+import torch
+from torch import nn
+
+from prunetrain.engine.heads import KINDS, HeadLayout, find_heads, unwrap_model
+from prunetrain.methods.importance import HeadScores, Scorer, get_scorer
+from prunetrain.engine.mask import HeadMask
+
+SCOPES = ("global", "layer", "kind")
+
+
+@dataclass(frozen=True)
+class _Unit:
+    """Heads removed together: one head, or the still-kept heads of one key/value group."""
+
+    score: float
+    site_index: int
+    heads: tuple[int, ...]
+
+
+def _check_amount(amount, argument: str = "amount") -> None:
+    if isinstance(amount, bool) or not isinstance(amount, (int, float)):
+        raise TypeError(f"{argument}: expected a float fraction in [0, 1] or an int count of heads, got {amount!r}.")
+    if isinstance(amount, float) and not 0.0 <= amount <= 1.0:  # also rejects nan
+        raise ValueError(f"{argument}: {amount!r} is not a valid fraction; a float amount must be in [0, 1] "
+                         f"(an int is a count of heads).")
+    if isinstance(amount, int) and amount < 0:
+        raise ValueError(f"{argument}: {amount!r} is a negative count; an int amount must be >= 0 heads.")
+
+
+def _to_count(amount: int | float, total: int) -> int:
+    """Heads to prune in the end out of `total` original heads (fraction: rounded half up)."""
+    if isinstance(amount, int):
+        return amount
+    return int(math.floor(amount * total + 0.5 + 1e-9))
+
+
+def _check_kinds(kinds, layout: HeadLayout) -> list[str]:
+    if kinds is None:
+        return list(layout.kinds)
+    chosen = [kinds] if isinstance(kinds, str) else list(kinds)
+    if not chosen:
+        raise ValueError(f"kinds: an empty selection; give None (all kinds) or some of {', '.join(layout.kinds)}.")
+    for kind in chosen:
+        if kind not in KINDS:
+            raise ValueError(f"kinds: {kind!r} is not an attention kind; allowed: {', '.join(KINDS)}.")
+        if kind not in layout.kinds:
+            raise ValueError(f"kinds: {kind!r} does not occur in this model, whose kinds are: "
+                             f"{', '.join(layout.kinds)}.")
+    return chosen
+
+
+def _units(scores: HeadScores, mask: HeadMask, site_index: int) -> list[_Unit]:
+    site = scores.layout.sites[site_index]
+    values = scores[site.name]
+    alive = (mask[site.name] != 0).tolist()
+    g = site.group_size
+    units = []
+    for start in range(0, site.num_heads, g):
+        heads = tuple(h for h in range(start, min(start + g, site.num_heads)) if alive[h])
+        if heads:
+            units.append(_Unit(float(sum(float(values[h]) for h in heads)), site_index, heads))
+    return units
+
+
+def select_heads(
+    scores: HeadScores,
+    amount: int | float,
+    *,
+    scope: str = "global",
+    kinds: str | Iterable[str] | None = None,
+    min_heads_per_layer: int = 0,
+    base_mask: HeadMask | None = None,
+) -> HeadMask:
+    """A `HeadMask` that removes the lowest-scoring heads (see the module docstring for the amount convention).
+
+    scope:  "global": one ranking over all heads in `kinds`, `amount` of all their heads;
+            "kind":   `amount` of each kind's heads, ranked within the kind (e.g. 50% of encoder self-attention AND
+                      50% of cross-attention);
+            "layer":  `amount` of each site's heads, ranked within the site (a "layer" is one attention site).
+    kinds:  restrict pruning to these attention kinds (None: all kinds of the model); other sites are untouched.
+    min_heads_per_layer: every site keeps at least this many heads (sites already below it lose no more).
+    base_mask: start from this mask; its removed heads stay removed and count toward `amount`, its other keep values
+            are copied. Not modified.
+    """
+    if not isinstance(scores, HeadScores):
+        raise TypeError(f"scores: expected a prunetrain HeadScores, got {type(scores).__name__}.")
+    _check_amount(amount)
+    if scope not in SCOPES:
+        raise ValueError(f"scope: {scope!r} is not one of {', '.join(map(repr, SCOPES))}.")
+    if isinstance(min_heads_per_layer, bool) or not isinstance(min_heads_per_layer, int):
+        raise TypeError(f"min_heads_per_layer: expected an int, got {min_heads_per_layer!r}.")
+    if min_heads_per_layer < 0:
+        raise ValueError(f"min_heads_per_layer: {min_heads_per_layer} is negative; it must be >= 0.")
+    layout = scores.layout
+    chosen_kinds = _check_kinds(kinds, layout)
+    nan_sites = [n for n, v in scores.items() if bool(torch.isnan(v).any())]
+    if nan_sites:
+        raise ValueError(f"scores: site {nan_sites[0]!r} has NaN scores; heads cannot be ranked.")
+    if base_mask is None:
+        mask = HeadMask(layout)
+    else:
+        if not isinstance(base_mask, HeadMask):
+            raise TypeError(f"base_mask: expected a prunetrain HeadMask or None, got {type(base_mask).__name__}.")
+        try:
+            base_mask.check_matches(layout.sites)
+        except ValueError as err:
+            raise ValueError(f"base_mask: does not fit the scores' layout ({err})") from None
+        mask = HeadMask(layout, {n: v.detach() for n, v in base_mask.items()})
+
+    in_scope = [i for i, s in enumerate(layout.sites) if s.kind in chosen_kinds]
+    if scope == "global":
+        groups = [in_scope]
+    elif scope == "kind":
+        groups = [[i for i in in_scope if layout.sites[i].kind == k] for k in chosen_kinds]
+    else:
+        groups = [[i] for i in in_scope]
+    for group in groups:
+        _prune_group(scores, mask, group, amount, min_heads_per_layer, scope)
+    return mask
+
+
+def _prune_group(scores: HeadScores, mask: HeadMask, group: list[int], amount, min_heads: int, scope: str) -> None:
+    sites = [scores.layout.sites[i] for i in group]
+    original = sum(s.original_num_heads for s in sites)
+    target = _to_count(amount, original)
+    where = {"global": "in scope", "kind": f"of kind {sites[0].kind!r}", "layer": f"of site {sites[0].name!r}"}[scope]
+    if target > original:
+        raise ValueError(f"amount: {amount!r} asks to prune {target} heads, but there are only {original} heads "
+                         f"{where}.")
+    kept = {s.name: int((mask[s.name] != 0).sum()) for s in sites}
+    already = sum(s.original_num_heads - kept[s.name] for s in sites)
+    need = target - already
+    if need <= 0:
+        return
+    capacity = {s.name: max(0, kept[s.name] - min_heads) for s in sites}
+    if need > sum(capacity.values()):
+        raise ValueError(
+            f"amount: {amount!r} asks to prune {target} of {original} heads {where} ({already} already pruned), but "
+            f"min_heads_per_layer={min_heads} leaves only {sum(capacity.values())} more prunable.")
+    units = sorted((u for i in group for u in _units(scores, mask, i)),
+                   key=lambda u: (u.score, u.site_index, u.heads[0]))
+    removed = 0
+    for unit in units:
+        name = scores.layout.sites[unit.site_index].name
+        size = len(unit.heads)
+        if removed + size > need or size > capacity[name]:
+            continue
+        for h in unit.heads:
+            mask.set(name, h, 0.0)
+        capacity[name] -= size
+        removed += size
+        if removed == need:
+            break
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# iterative pruning (Michel et al. 2019, §4)
+# ---------------------------------------------------------------------------------------------------------------------
+@dataclass
+class PruneStep:
+    """One step of `iterative_prune`: the cumulative amount asked for, the scores it was chosen from (estimated on
+    the model masked by the previous step), the resulting mask, `num_pruned` (heads of the original layout pruned
+    in total, physically removed ones included) and `metric` (from `evaluate`, else None)."""
+
+    index: int
+    amount: int | float
+    scores: HeadScores
+    mask: HeadMask
+    num_pruned: int
+    metric: float | None = None
+
+
+@dataclass
+class PruneResult:
+    """Final mask of `iterative_prune` and its per-step history (`initial_metric`: `evaluate` before pruning)."""
+
+    mask: HeadMask
+    history: list[PruneStep] = field(default_factory=list)
+    initial_metric: float | None = None
+
+
+def iterative_prune(
+    model: nn.Module,
+    batches: Iterable[Mapping[str, Any]],
+    step: int | float = 0.1,
+    target: int | float = 0.5,
+    scorer: str | Scorer = "gradient",
+    *,
+    scope: str = "global",
+    kinds: str | Iterable[str] | None = None,
+    min_heads_per_layer: int = 0,
+    base_mask: HeadMask | None = None,
+    evaluate: Callable[[nn.Module], float] | None = None,
+    scorer_options: Mapping[str, Any] | None = None,
+) -> PruneResult:
+    """Michel et al. (2019) §4: repeatedly score the heads on the currently masked model and prune `step` more (of
+    the ORIGINAL heads: 10% by default) until `target` is pruned; returns the final mask and the per-step history.
+
+    Step k asks `select_heads` for the cumulative amount min(k * step, target) with `base_mask` = the previous
+    step's mask, so the amount convention of `select_heads` holds (fractions of all original heads in scope).
+    `step` and `target` are both fractions (float) or both counts (int). `scorer` is a registry name (`gradient`,
+    `ablation`, `confidence`, `random`; options from `scorer_options`) or a callable `scorer(model, batches)`.
+    `batches` is read once per step, so it must be re-iterable (a list or a DataLoader, not a generator).
+    `evaluate(model)` (optional) is called with the step's mask attached, and before pruning; the model is left
+    without any mask attached by this function.
+    """
+    _check_amount(step, "step")
+    _check_amount(target, "target")
+    if type(step) is not type(target):
+        raise TypeError(f"step, target: both must be fractions (float) or both counts (int), got "
+                        f"{type(step).__name__} {step!r} and {type(target).__name__} {target!r}.")
+    if step == 0:
+        raise ValueError(f"step: {step!r} would never prune; it must be > 0.")
+    if iter(batches) is batches:
+        raise TypeError("batches: a one-shot iterator (e.g. a generator) cannot be re-read at every step; pass a "
+                        "list or a DataLoader.")
+    score = get_scorer(scorer, **dict(scorer_options or {}))
+    net = unwrap_model(model)  # masks go on the inner model (DDP / accelerate wrappers are passed on as given)
+    layout = find_heads(net)
+    mask = HeadMask(layout) if base_mask is None else base_mask.copy()
+    result = PruneResult(mask=mask)
+    if evaluate is not None:
+        with mask.applied(net):
+            result.initial_metric = float(evaluate(model))
+    num_steps = max(1, math.ceil(target / step - 1e-9)) if target > 0 else 0
+    for k in range(1, num_steps + 1):
+        amount = min(target, k * step) if isinstance(step, int) else min(float(target), round(k * step, 12))
+        with mask.applied(net):
+            scores = score(model, batches)
+        mask = select_heads(scores, amount, scope=scope, kinds=kinds, min_heads_per_layer=min_heads_per_layer,
+                            base_mask=mask)
+        metric = None
+        if evaluate is not None:
+            with mask.applied(net):
+                metric = float(evaluate(model))
+        pruned = sum(s.original_num_heads for s in layout) - mask.num_kept
+        result.history.append(PruneStep(k, amount, scores, mask.copy(), pruned, metric))
+    result.mask = mask
+    return result
+
+
+__all__ = ["PruneResult", "PruneStep", "SCOPES", "iterative_prune", "select_heads"]

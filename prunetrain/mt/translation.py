@@ -1,0 +1,248 @@
+"""Translating with (pruned) seq2seq models and scoring them with sacreBLEU.
+
+    hyps = translate(model, tokenizer, sources)                     # batched greedy / beam search
+    scores = evaluate_bleu(model, tokenizer, pairs)                 # BLEU + chrF with sacreBLEU signatures
+    scores = evaluate_directory(run_dir / "pruned", data_dir / "multi30k", "test")
+
+Scores are computed on detokenized text (the tokenizer's decoder gives back plain text), with sacreBLEU's defaults
+(BLEU: 13a tokenization, exp smoothing, cased; chrF: n=6, beta=2), so they are comparable with published numbers.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import os
+import time
+from pathlib import Path
+from typing import Sequence
+
+import torch
+from torch import nn
+
+from prunetrain.utils.device import bf16_is_fast
+from prunetrain.utils.progress import bar
+
+DEFAULT_MAX_LEN_A = 1.5
+DEFAULT_MAX_LEN_B = 10
+
+
+def _model_device(model: nn.Module) -> torch.device:
+    param = next(model.parameters(), None)
+    return param.device if param is not None else torch.device("cpu")
+
+
+def _use_bf16(autocast_bf16: bool | str, device: torch.device) -> bool:
+    """Resolve `autocast_bf16` (True, False or "auto": bf16 only where the hardware has native bf16; without it
+    PyTorch emulates bf16 on CPU and generation is several times slower than fp32, see `prunetrain.utils.device`)."""
+    if autocast_bf16 == "auto":
+        return bf16_is_fast(device)
+    if not isinstance(autocast_bf16, bool):
+        raise ValueError(f"autocast_bf16 must be True, False or 'auto', not {autocast_bf16!r}.")
+    return autocast_bf16
+
+
+def _length_caps(lengths: Sequence[int], max_new_tokens: int | None, limit: int | None) -> list[int]:
+    if max_new_tokens is not None:
+        caps = [int(max_new_tokens)] * len(lengths)
+    else:
+        caps = [math.ceil(DEFAULT_MAX_LEN_A * n) + DEFAULT_MAX_LEN_B for n in lengths]
+    return [min(c, limit) if limit else c for c in caps]
+
+
+def translate(model: nn.Module, tokenizer, sources: Sequence[str], *, batch_size: int = 64, num_beams: int = 1,
+              max_new_tokens: int | None = None, autocast_bf16: bool | str = False,
+              device: str | torch.device | None = None, max_source_length: int | None = None,
+              suppress_pad: bool = True, **generate_kwargs) -> list[str]:
+    """Translate `sources` with `model.generate`; returns detokenized strings in the order of `sources`.
+
+    - Sentences are sorted by source length (longest first) and run in batches of `batch_size`, so each batch
+      holds little padding; the output is put back in the input order.
+    - `max_new_tokens=None` gives each sentence its own bound, ceil(1.5 · source tokens) + 10 (capped by the
+      model's `max_position_embeddings`). With greedy search (`num_beams=1`) a sentence's output is exactly what
+      it would be alone (greedy is prefix-consistent, so a batch runs to its longest bound and each row is cut to
+      its own; models whose generation config forces EOS at the length limit, like converted OPUS-MT checkpoints,
+      may differ in the last token of a truncated output). With beam search the batch's largest bound is used.
+    - `suppress_pad` (default): the pad token, which Marian uses as decoder start, is never generated (Marian's
+      own checkpoints do the same with `bad_words_ids=[[pad]]`).
+    - `autocast_bf16=True` runs under `torch.autocast(dtype=torch.bfloat16)`: about 1.35× faster on a CPU with
+      `avx512_bf16` (FACTS), but several times *slower* on an AVX2-only CPU; `"auto"` uses it only where the
+      hardware has native bf16 (`prunetrain.device.bf16_is_fast`: avx512_bf16/AMX CPUs, bf16-capable CUDA).
+    - The model runs under `torch.inference_mode()` in eval mode; its train/eval mode (and, if `device` moved it,
+      its device) is restored afterwards. Extra keyword arguments go to `generate` (e.g. `min_new_tokens`).
+    Any attached `HeadMask` hooks stay active, so `with mask.applied(model): translate(...)` scores a masked model.
+    """
+    sources = list(sources)
+    if not sources:
+        return []
+    if batch_size < 1:
+        raise ValueError(f"translate: batch_size must be at least 1, not {batch_size}.")
+    if tokenizer.pad_token_id is None:
+        raise ValueError("translate: the tokenizer has no pad token; batched generation needs one.")
+    if not getattr(getattr(model, "config", None), "is_encoder_decoder", False):
+        raise ValueError(f"translate: needs an encoder-decoder model (e.g. MarianMTModel), not {type(model).__name__}.")
+    original_device = _model_device(model)
+    device = torch.device(device) if device is not None else original_device
+    was_training = model.training
+
+    encoded = tokenizer(sources, truncation=max_source_length is not None, max_length=max_source_length,
+                        return_attention_mask=False)["input_ids"]
+    limit = getattr(getattr(model, "config", None), "max_position_embeddings", None)
+    caps = _length_caps([len(ids) for ids in encoded], max_new_tokens, limit - 1 if limit else None)
+    order = sorted(range(len(sources)), key=lambda i: -len(encoded[i]))  # stable: ties keep input order
+    kwargs = dict(num_beams=num_beams, do_sample=False)
+    if suppress_pad and "suppress_tokens" not in generate_kwargs and "bad_words_ids" not in generate_kwargs:
+        kwargs["suppress_tokens"] = [tokenizer.pad_token_id]
+    kwargs.update(generate_kwargs)
+    autocast_bf16 = _use_bf16(autocast_bf16, device)
+    autocast = (torch.autocast(device_type=device.type, dtype=torch.bfloat16) if autocast_bf16
+                else contextlib.nullcontext())
+    outputs: list[str | None] = [None] * len(sources)
+    try:
+        if device != original_device:
+            model.to(device)
+        model.eval()
+        with torch.inference_mode(), autocast:
+            starts = range(0, len(order), batch_size)
+            for start in bar(starts, total=len(starts), desc="translate", unit="batch"):
+                rows = order[start:start + batch_size]
+                batch = tokenizer.pad({"input_ids": [encoded[i] for i in rows]}, return_tensors="pt")
+                batch = {k: v.to(device) for k, v in batch.items()}
+                row_caps = [caps[i] for i in rows]
+                bound = max(row_caps)
+                extra = {}
+                if "min_new_tokens" in kwargs:
+                    extra["min_new_tokens"] = min(kwargs["min_new_tokens"], bound)
+                generated = model.generate(**batch, **{**kwargs, **extra}, max_new_tokens=bound)
+                generated = generated[:, 1:]  # drop the decoder start token
+                if num_beams == 1:  # exact per-sentence bound (greedy is prefix-consistent)
+                    pieces = [generated[j, :cap] for j, cap in enumerate(row_caps)]
+                else:
+                    pieces = list(generated)
+                texts = tokenizer.batch_decode([p.tolist() for p in pieces], skip_special_tokens=True,
+                                               clean_up_tokenization_spaces=False)
+                for i, text in zip(rows, texts):
+                    outputs[i] = text.strip()
+    finally:
+        if device != original_device:
+            model.to(original_device)
+        model.train(was_training)
+    return outputs  # type: ignore[return-value]
+
+
+def score_translations(hypotheses: Sequence[str], references: Sequence[str]) -> dict:
+    """Corpus BLEU and chrF of detokenized `hypotheses` against one reference each, with sacreBLEU signatures."""
+    from sacrebleu.metrics import BLEU, CHRF
+
+    hypotheses, references = list(hypotheses), list(references)
+    if len(hypotheses) != len(references):
+        raise ValueError(f"score_translations: {len(hypotheses)} hypotheses but {len(references)} references.")
+    if not references:
+        raise ValueError("score_translations: nothing to score (no sentences).")
+    bleu, chrf = BLEU(), CHRF()
+    bleu_score = bleu.corpus_score(hypotheses, [references])
+    chrf_score = chrf.corpus_score(hypotheses, [references])
+    return {
+        "bleu": float(bleu_score.score),
+        "bleu_signature": str(bleu.get_signature()),
+        "bleu_detail": str(bleu_score),  # precisions, brevity penalty, lengths
+        "chrf": float(chrf_score.score),
+        "chrf_signature": str(chrf.get_signature()),
+        "num_sentences": len(references),
+    }
+
+
+def evaluate_bleu(model: nn.Module, tokenizer, pairs: Sequence[tuple[str, str]], *, batch_size: int = 64,
+                  num_beams: int = 1, max_new_tokens: int | None = None, autocast_bf16: bool | str = False,
+                  device: str | torch.device | None = None, return_hypotheses: bool = False,
+                  **generate_kwargs) -> dict:
+    """Translate the sources of `pairs` and score them against the targets.
+
+    Returns `bleu`, `bleu_signature`, `bleu_detail`, `chrf`, `chrf_signature`, `num_sentences`, `seconds`
+    (translation time), `sentences_per_second`, the decoding settings (`num_beams`, `batch_size`, `autocast_bf16`),
+    and with `return_hypotheses=True` the `hypotheses` in input order.
+    """
+    pairs = list(pairs)
+    if not pairs:
+        raise ValueError("evaluate_bleu: no sentence pairs to evaluate.")
+    sources = [s for s, _ in pairs]
+    references = [t for _, t in pairs]
+    if autocast_bf16 == "auto":
+        autocast_bf16 = _use_bf16("auto", torch.device(device) if device is not None else _model_device(model))
+    start = time.perf_counter()
+    hypotheses = translate(model, tokenizer, sources, batch_size=batch_size, num_beams=num_beams,
+                           max_new_tokens=max_new_tokens, autocast_bf16=autocast_bf16, device=device,
+                           **generate_kwargs)
+    seconds = time.perf_counter() - start
+    result = score_translations(hypotheses, references)
+    result.update(seconds=seconds, sentences_per_second=len(pairs) / seconds if seconds > 0 else float("inf"),
+                  num_beams=num_beams, batch_size=batch_size, autocast_bf16=autocast_bf16)
+    if return_hypotheses:
+        result["hypotheses"] = hypotheses
+    return result
+
+
+def save_translation_model(model: nn.Module, tokenizer, path: str | os.PathLike, overwrite: bool = False) -> Path:
+    """`prunetrain.save_pruned(model, path)` then the tokenizer into the same directory (what
+    `evaluate_directory` reads). Works for full and pruned models."""
+    from prunetrain.engine.persist import save_pruned
+
+    path = save_pruned(model, path, overwrite=overwrite)
+    tokenizer.save_pretrained(path)
+    return path
+
+
+def load_translation_model(model_path: str | os.PathLike, device: str | torch.device | None = None) -> nn.Module:
+    """A saved model: `prunetrain.load_pruned` if `prunetrain_layout.json` is there, else
+    `MarianMTModel.from_pretrained`. Returned in eval mode."""
+    from prunetrain.engine.persist import LAYOUT_FILE, load_pruned
+
+    model_path = Path(model_path)
+    if not (model_path / "config.json").is_file():
+        raise ValueError(f"evaluate_directory: {model_path} has no config.json; it is not a saved model directory.")
+    if (model_path / LAYOUT_FILE).is_file():
+        return load_pruned(model_path, device=device)
+    from transformers import MarianMTModel
+
+    model = MarianMTModel.from_pretrained(model_path, local_files_only=True)
+    if device is not None:
+        model.to(device)
+    return model.eval()
+
+
+def _find_tokenizer_dir(model_path: Path) -> Path:
+    for candidate in (model_path, model_path / "tokenizer", model_path.parent / "tokenizer", model_path.parent):
+        if (candidate / "tokenizer.json").is_file():
+            return candidate
+    raise ValueError(f"evaluate_directory: no tokenizer.json in {model_path}, {model_path / 'tokenizer'}, "
+                     f"{model_path.parent / 'tokenizer'} or {model_path.parent}; save the tokenizer with the model "
+                     f"(save_translation_model) or pass tokenizer_path=.")
+
+
+def evaluate_directory(model_path: str | os.PathLike, data_dir: str | os.PathLike, split: str = "test", *,
+                       src: str = "de", tgt: str = "en", limit: int | None = None,
+                       tokenizer_path: str | os.PathLike | None = None, device: str | torch.device | None = None,
+                       **evaluate_kwargs) -> dict:
+    """Score a saved full or pruned model on `data_dir/{split}.{src,tgt}` (see `evaluate_bleu` for the keys).
+
+    The tokenizer is read from `tokenizer_path`, else from the model directory (where `save_translation_model`
+    puts it), else from a `tokenizer/` folder in or next to it, else from the parent directory. The result also
+    has `model_path`, `split`, `heads` (attention heads left) and `parameters`.
+    """
+    from prunetrain.mt.data import load_tokenizer, read_parallel
+    from prunetrain.engine.heads import find_heads
+
+    model_path = Path(model_path)
+    if not (model_path / "config.json").is_file():
+        raise ValueError(f"evaluate_directory: {model_path} has no config.json; it is not a saved model directory.")
+    pairs = read_parallel(data_dir, split, src, tgt, limit)
+    tokenizer = load_tokenizer(Path(tokenizer_path) if tokenizer_path is not None else _find_tokenizer_dir(model_path))
+    model = load_translation_model(model_path, device=device)
+    result = evaluate_bleu(model, tokenizer, pairs, device=device, **evaluate_kwargs)
+    result.update(model_path=str(model_path), split=split, heads=find_heads(model).total_heads,
+                  parameters=sum(p.numel() for p in model.parameters()))
+    return result
+
+
+__all__ = ["evaluate_bleu", "evaluate_directory", "load_translation_model",
+           "save_translation_model", "score_translations", "translate"]

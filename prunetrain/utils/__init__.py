@@ -1,0 +1,1 @@
+"""Small shared helpers: progress bars, devices and precision, figures and TensorBoard, argument validation."""

@@ -1,0 +1,76 @@
+"""Argument checks shared by the whole package: one function per kind of mistake, one exception type per mistake.
+
+Every check raises `ValueError` (a value of the wrong type counts as a wrong value: `TypeError` is never used for user
+input, so callers and the CLI catch one type) with one sentence that names the argument, the value given and what
+is allowed. The CLI turns these into one line on stderr and exit code 2.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Iterable, Sequence
+
+ALL_BATCHES: int | None = None
+"""`max_batches=ALL_BATCHES` (None): use every batch the source yields."""
+
+
+def allowed_text(values: Iterable[Any]) -> str:
+    return ", ".join(repr(v) for v in values)
+
+
+def check_choice(argument: str, value: Any, allowed: Sequence[Any]) -> Any:
+    """`value` must be one of `allowed`."""
+    if isinstance(value, bool) and not any(isinstance(a, bool) for a in allowed):
+        raise ValueError(f"{argument}: {value!r} is not one of {allowed_text(allowed)}.")
+    if value not in allowed:
+        raise ValueError(f"{argument}: {value!r} is not one of {allowed_text(allowed)}.")
+    return value
+
+
+def check_int(argument: str, value: Any, minimum: int = 1) -> int:
+    """`value` must be an int (not a bool) >= `minimum`."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise ValueError(f"{argument}: {value!r} is not allowed; expected an integer >= {minimum}.")
+    return value
+
+
+def check_ints(argument: str, values: Any, minimum: int = 1) -> tuple[int, ...]:
+    """A non-empty sequence of ints >= `minimum`."""
+    if isinstance(values, (str, bytes)) or not isinstance(values, Iterable):
+        raise ValueError(f"{argument}: {values!r} is not a list of integers >= {minimum}.")
+    values = tuple(values)
+    if not values:
+        raise ValueError(f"{argument}: an empty list; give at least one integer >= {minimum}.")
+    for value in values:
+        if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+            raise ValueError(f"{argument}: {value!r} is not allowed; expected integers >= {minimum}.")
+    return values
+
+
+def check_positive_float(argument: str, value: Any, allow_zero: bool = False) -> float:
+    """A finite real number > 0 (or >= 0 with `allow_zero`)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) \
+            or value < 0 or (value == 0 and not allow_zero):
+        bound = ">= 0" if allow_zero else "> 0"
+        raise ValueError(f"{argument}: {value!r} is not allowed; expected a finite number {bound}.")
+    return float(value)
+
+
+def check_fraction(argument: str, value: Any) -> float:
+    """A float (or int 0/1) in [0, 1]."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0.0 <= value <= 1.0:
+        raise ValueError(f"{argument}: {value!r} is not a fraction in [0, 1].")
+    return float(value)
+
+
+def check_amount(argument: str, amount: Any) -> int | float:
+    """One convention for amounts of heads: a float in [0, 1] is a fraction of the heads, an int >= 0 a count."""
+    if isinstance(amount, bool) or not isinstance(amount, (int, float)):
+        raise ValueError(f"{argument}: {amount!r} is not an amount; use a fraction (float in [0, 1]) or a count "
+                         f"(int >= 0) of heads.")
+    if isinstance(amount, float) and not 0.0 <= amount <= 1.0:  # also rejects nan
+        raise ValueError(f"{argument}: {amount!r} is not a fraction in [0, 1] (a float is a fraction of the heads, "
+                         f"an int a count).")
+    if isinstance(amount, int) and amount < 0:
+        raise ValueError(f"{argument}: {amount!r} is negative; a count of heads is an int >= 0.")
+    return amount
