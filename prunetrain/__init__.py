@@ -15,7 +15,6 @@ from prunetrain.engine.heads import KINDS, HeadLayout, HeadSite, find_heads
 from prunetrain.engine.mask import HeadMask, attached_masks
 from prunetrain.engine.persist import load_pruned, save_pruned
 from prunetrain.engine.shrink import shrink
-import prunetrain.interop.fairseq  # noqa: E402,F401  registers the FSMT / fairseq adapters (fairseq imported lazily)
 
 __version__ = "0.1.0"
 
@@ -33,10 +32,10 @@ _LAZY = {
     # gates
     "HardConcreteGates": "prunetrain.methods.gates",
     # callbacks (import transformers' Trainer machinery only when asked for)
-    "HeadPruningCallback": "prunetrain.training.callbacks", "PruningCurveCallback": "prunetrain.training.callbacks",
-    "HardConcreteCallback": "prunetrain.training.callbacks", "restore_layout": "prunetrain.training.callbacks",
+    "HeadPruningCallback": "prunetrain.training.head_pruning", "PruningCurveCallback": "prunetrain.training.pruning_curve",
+    "HardConcreteCallback": "prunetrain.training.hard_concrete", "restore_layout": "prunetrain.training.state",
     # benchmarks
-    "benchmark": "prunetrain.bench", "BenchResult": "prunetrain.bench",
+    "benchmark": "prunetrain.bench", "BenchResult": "prunetrain.bench", "BenchConfig": "prunetrain.bench",
 }
 
 

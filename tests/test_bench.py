@@ -279,3 +279,17 @@ def test_run_bench_from_saved_directories(tmp_path):
     assert BenchResult.from_json(out).to_dict() == result.to_dict()
     with pytest.raises(ValueError, match="path:"):
         run_bench(tmp_path / "missing", tmp_path / "b")
+
+
+def test_options_live_in_a_config_dataclass():
+    from prunetrain.bench import BenchConfig
+
+    a, b = _pruned_pair("bert")
+    config = BenchConfig(batch_sizes=2, seq_lens=(5,), warmup=0, repeats=2, flops=False, memory=False)
+    assert config.batch_sizes == (2,) and config.tasks == ["forward"]
+    result = benchmark(a, b, config, repeats=3)  # a keyword overrides the config's field
+    assert result.meta["repeats"] == 3 and result.meta["batch_sizes"] == [2] and len(result.rows) == 1
+    with pytest.raises(ValueError, match="repeat: not an option of benchmark; the options are batch_sizes"):
+        benchmark(a, b, config, repeat=3)
+    with pytest.raises(ValueError, match="warmup: -1 is not allowed"):
+        BenchConfig(warmup=-1)

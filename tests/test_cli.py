@@ -48,13 +48,23 @@ def test_bad_recipe_input_is_one_line_and_exit_2(args, pattern):
     assert_user_error(cli(*args), pattern)
 
 
-def test_recipe_refuses_an_output_directory_that_holds_a_run(tmp_path, multi30k_dir):
+@pytest.mark.parametrize("files, pattern", [
+    ({"recipe.yaml": "name: x\n", "run_complete.json": "{}"}, r"--output: '.*run' already holds a finished run; "
+                                                             r"pass --overwrite to replace it"),
+    ({"recipe.yaml": "name: x\n", "checkpoint-5/trainer_state.json": "{}"},
+     r"--output: '.*run' holds an unfinished run with checkpoint-5; pass --resume to continue it or --overwrite"),
+    ({"notes.txt": "mine"}, r"--output: '.*run' is not empty and holds no prunetrain run; pass --overwrite"),
+])
+def test_recipe_refuses_an_output_directory_it_would_damage(tmp_path, multi30k_dir, files, pattern):
     out = tmp_path / "run"
-    out.mkdir()
-    (out / "recipe.yaml").write_text("name: x\n")
-    result = cli("recipe", "wmt-small-deen", "--data-dir", multi30k_dir, "--output", out)
-    assert_user_error(result, r"output: '.*run' already holds a run; pass --resume to continue it or --overwrite")
-    assert (out / "recipe.yaml").read_text() == "name: x\n"  # nothing overwritten
+    for name, text in files.items():
+        (out / name).parent.mkdir(parents=True, exist_ok=True)
+        (out / name).write_text(text)
+    result = cli("recipe", "wmt-small-deen", "--smoke", "--data-dir", multi30k_dir, "--output", out)
+    assert_user_error(result, pattern)
+    assert {str(p.relative_to(out)) for p in out.rglob("*") if p.is_file()} == set(files)  # nothing touched
+    for name, text in files.items():
+        assert (out / name).read_text() == text
     both = cli("recipe", "wmt-small-deen", "--data-dir", multi30k_dir, "--output", out, "--resume", "--overwrite")
     assert_user_error(both, r"--resume and --overwrite: choose one")
 
@@ -108,7 +118,7 @@ def test_importance_prune_shrink_evaluate_on_a_saved_model(tmp_path, saved_trans
     assert result["num_sentences"] == 8 and result["bleu_signature"].startswith("nrefs:1")
     assert "chrf" in result
     again = cli("prune", saved_translation_model, "--data-dir", multi30k_dir, "--output", tmp_path / "pruned")
-    assert_user_error(again, r"path: '.*pruned' already exists and is not empty; pass overwrite=True")
+    assert_user_error(again, r"--output: '.*pruned' already exists and is not empty; pass --overwrite to replace it")
 
 
 def test_progress_bars_go_to_stderr_and_stdout_stays_json(saved_translation_model, multi30k_dir):
@@ -124,16 +134,17 @@ def test_progress_bars_go_to_stderr_and_stdout_stays_json(saved_translation_mode
 
 
 def test_thin_commands_reject_bad_input(tmp_path, saved_translation_model, multi30k_dir):
-    assert_user_error(cli("evaluate", tmp_path, "--data-dir", multi30k_dir), r"has no config.json")
+    assert_user_error(cli("evaluate", tmp_path, "--data-dir", multi30k_dir),
+                      r"model: '.*' is not a saved model directory \(no config.json\)")
     assert_user_error(cli("evaluate", saved_translation_model, "--data-dir", multi30k_dir, "--beams", "0"),
-                      r"--beams: 0 must be >= 1")
+                      r"--beams: 0 is not allowed; expected an integer >= 1")
     assert_user_error(cli("shrink", saved_translation_model, "--mask", tmp_path / "none.json", "--output",
                           tmp_path / "x"), r"--mask: '.*none.json' is not a file")
     (tmp_path / "bad.json").write_text(json.dumps({"sites": {"nope": [1.0]}}))
     assert_user_error(cli("shrink", saved_translation_model, "--mask", tmp_path / "bad.json", "--output",
                           tmp_path / "x"), r"mask data: unknown site 'nope'")
     assert_user_error(cli("prune", saved_translation_model, "--data-dir", multi30k_dir, "--amount", "1.5",
-                          "--output", tmp_path / "y"), r"amount: 1.5 is not a fraction in \[0, 1\]|1.5")
+                          "--output", tmp_path / "y"), r"^prunetrain: error: --amount: 1.5 is not a fraction in \[0, 1\]")
     assert not (tmp_path / "x").exists() and not (tmp_path / "y").exists()
     usage = cli("evaluate")
     assert usage.returncode == 2 and "Traceback" not in usage.stderr
@@ -151,6 +162,8 @@ def test_smoke_recipe_runs_end_to_end(smoke_recipe_run):
     report = (out / "report.md").read_text()
     assert "Final results" in report and "Pruned-BLEU curves" in report
     assert (out / "pruned" / "prunetrain_layout.json").is_file() and (out / "full" / "model.safetensors").is_file()
+    assert (out / "run_complete.json").is_file()  # written last: the run is finished
+    assert (out / "full" / "tokenizer.json").is_file() and (out / "pruned" / "tokenizer.json").is_file()
     loaded = pt.load_pruned(out / "pruned")
     assert pt.find_heads(loaded).total_heads == 12
     curves = json.loads((out / "prunetrain" / "curves.json").read_text())

@@ -298,3 +298,42 @@ def test_collate_batches_keeps_order_sizes_and_limit(m30k_tokenizer, multi30k_tr
     assert [len(b["input_ids"]) for b in collate_batches(dataset, collator, 4, limit=6)] == [4, 2]
     with pytest.raises(ValueError, match="batch_size must be positive, not 0"):
         collate_batches(dataset, collator, 0)
+
+
+@pytest.mark.parametrize("lines", [
+    [], [""], ["a"], ["a", "", "b"], ["Ein\u2028Hund", "zwei\x0cKatzen", "drei\x85Mäuse", "vier\u2029", "\x1c\x1d\x1e"],
+    [" leading and trailing spaces ", "\ttab"],
+])
+def test_line_io_round_trips_exactly(tmp_path, lines):
+    from prunetrain.mt.data import format_lines, read_lines, split_lines, write_lines
+
+    path = write_lines(tmp_path / "out.txt", lines)
+    assert read_lines(path) == lines == split_lines(format_lines(lines))
+    assert path.read_bytes() == "".join(f"{line}\n" for line in lines).encode()
+    assert not list(tmp_path.glob(".*.tmp"))  # staged file renamed into place
+
+
+def test_line_io_edge_cases(tmp_path):
+    from prunetrain.mt.data import format_lines, read_lines, split_lines
+
+    assert split_lines("a\r\nb\r\n") == ["a", "b"]  # Windows line ends
+    assert split_lines("\ufeffa\nb") == ["a", "b"]  # a BOM is dropped; a missing final newline is fine
+    assert split_lines("a\r\rb\n") == ["a\r\rb"]  # a lone CR is not a line end
+    with pytest.raises(ValueError, match=r"lines: line 2 holds a newline"):
+        format_lines(["a", "b\nc"])
+    (tmp_path / "x.txt").write_bytes(b"ok\n\xe2\x82")
+    with pytest.raises(ValueError, match=r"--input: .*x.txt is not valid UTF-8: byte offset 3 \(line 2\)"):
+        read_lines(tmp_path / "x.txt", argument="--input")
+    with pytest.raises(ValueError, match=r"--input: '.*nope.txt' is not a file"):
+        read_lines(tmp_path / "nope.txt", argument="--input")
+
+
+def test_default_data_dir_is_next_to_the_repository(monkeypatch):
+    from pathlib import Path
+
+    from prunetrain.mt.data import DATA_ENV, default_data_dir
+
+    monkeypatch.delenv(DATA_ENV, raising=False)
+    assert default_data_dir() == Path(__file__).resolve().parents[1].parent / "shared" / "data"
+    monkeypatch.setenv(DATA_ENV, "/somewhere/else")
+    assert default_data_dir() == Path("/somewhere/else")

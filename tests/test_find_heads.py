@@ -59,10 +59,10 @@ def test_layout_independent_of_attention_backend(family):
 
 
 def test_unsupported_model_is_a_clear_error():
-    cfg = tf.DistilBertConfig(vocab_size=50, dim=32, n_layers=1, n_heads=4, hidden_dim=64)
-    with pytest.raises(ValueError, match=r"DistilBertModel \(model_type='distilbert'\) is not supported; "
-                                         r"supported families: bert \(bert/roberta\), .*llama"):
-        pt.find_heads(tf.DistilBertModel(cfg))
+    cfg = tf.CTRLConfig(vocab_size=50, n_embd=32, n_layer=1, n_head=4, dff=64)  # no adapter names CTRL
+    with pytest.raises(ValueError, match=r"CTRLModel \(model_type='ctrl'\) is not supported; "
+                                         r"supported model types: bert, roberta, .*llama.*discover_adapter"):
+        pt.find_heads(tf.CTRLModel(cfg))
     with pytest.raises(ValueError, match="Linear .*is not supported"):
         pt.find_heads(torch.nn.Linear(2, 2))
 
@@ -76,3 +76,29 @@ def test_ddp_style_wrapper_is_unwrapped():
             self.module = module
 
     assert pt.find_heads(Wrapper(model)) == pt.find_heads(model)
+
+
+def test_family_knowledge_stays_in_the_adapters():
+    """No engine module outside `families/`, and no method or Trainer module, names a model type or adapter in its
+    code (a string constant equal to one): what a family needs is an adapter attribute (`time_first`,
+    `cache_kwargs`, `shrink_refusal`, ...)."""
+    import ast
+    from pathlib import Path
+
+    import prunetrain
+    from prunetrain.engine.families import supported_model_types
+
+    names = set(supported_model_types()) | set(pt.supported_families()) | {"fairseq"}
+    root = Path(prunetrain.__file__).parent
+    files = [p for p in (root / "engine").glob("*.py")] + list((root / "methods").glob("*.py")) + list(
+        (root / "training").glob("*.py"))
+    offenders = []
+    for path in files:
+        tree = ast.parse(path.read_text())
+        docstrings = {id(n.body[0].value) for n in ast.walk(tree)
+                      if isinstance(n, (ast.Module, ast.FunctionDef, ast.ClassDef, ast.AsyncFunctionDef)) and n.body
+                      and isinstance(n.body[0], ast.Expr) and isinstance(n.body[0].value, ast.Constant)}
+        offenders += [f"{path.relative_to(root)}:{n.lineno} {n.value!r}" for n in ast.walk(tree)
+                      if isinstance(n, ast.Constant) and isinstance(n.value, str) and n.value.lower() in names
+                      and id(n) not in docstrings]
+    assert len(files) > 10 and not offenders, offenders

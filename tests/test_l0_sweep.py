@@ -94,7 +94,12 @@ def test_resume_skips_finished_runs_and_refuses_a_used_directory(sweep_run, mult
     assert after["run_minutes"] == pytest.approx(before["run_minutes"])  # the runs' own times, kept from the first
     assert "4 gate runs were done before and skipped" in (out / "results.md").read_text()
     _one_line_error(run_cli("recipe", "wmt-small-deen-l0", "--smoke", "--set", f"source={source}", "--data-dir",
-                            multi30k_dir, "--output", out), r"output: .* already holds a run; pass --resume")
+                            multi30k_dir, "--output", out), r"--output: .* already holds a finished run; pass --overwrite")
+    stored = (out / "recipe.yaml").read_text()
+    changed = run_cli("recipe", "wmt-small-deen-l0", "--smoke", "--set", f"source={source}", "--set", "train.steps=7",
+                      "--data-dir", multi30k_dir, "--output", out, "--resume")
+    _one_line_error(changed, r"--resume: the recipe differs from the one .* was started with in train.steps;")
+    assert (out / "recipe.yaml").read_text() == stored  # the run's record is never rewritten
 
 
 def test_budget_comparison_interpolates_the_lambda_sweep_at_equal_heads():
@@ -122,10 +127,12 @@ def test_sweep_recipe_validation(tmp_path, multi30k_dir):
 
 
 @pytest.mark.parametrize("override, pattern", [
-    ("sweep.budgets=[1.5]", r"sweep.budgets: 1.5 is not a share of the heads in \(0, 1\]"),
-    ("sweep.encoder_lambdas=[-1]", r"sweep.encoder_lambdas: -1.0 is not a finite λ >= 0"),
+    ("sweep.budgets=[1.5]", r"sweep.budgets: 1.5 is not allowed; expected a finite number in \(0, 1\]"),
+    ("sweep.encoder_lambdas=[-1]", r"sweep.encoder_lambdas: -1.0 is not allowed; expected a finite number in \[0, "),
     ("sweep.scratch_run=lambda:7", r"sweep.scratch_run: λ 7.0 is not in sweep.all_lambdas"),
-    ("train.steps=0", r"train.steps: 0 must be at least 1"),
+    ("train.steps=0", r"train.steps: 0 is not allowed; expected an integer >= 1"),
+    ("train.gate_lr=0", r"train.gate_lr: 0.0 is not allowed; expected a finite number > 0"),
+    ("eval.num_beams=0", r"eval.num_beams: 0 is not allowed; expected an integer >= 1"),
 ])
 def test_bad_sweep_values_are_one_line_errors(override, pattern, tmp_path):
     result = run_cli("recipe", "wmt-small-deen-l0", "--set", override, "--set", f"source={tmp_path}",

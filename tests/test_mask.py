@@ -192,3 +192,66 @@ def test_bad_masks_are_clear_errors():
         pt.HeadMask.from_dict({"sites": {"nope": [1.0]}}, model)
     with pytest.raises(ValueError, match="is missing"):
         pt.HeadMask.from_dict({"sites": {"bert.encoder.layer.0.attention": [1, 1, 1, 1]}}, model)
+
+
+SITE = "bert.encoder.layer.0.attention"
+
+
+@pytest.mark.parametrize("head, value, message", [
+    (True, 0.0, r"head: True is not a head index; use an integer in 0\.\.3\."),
+    (1.0, 0.0, r"head: 1\.0 is not a head index"),
+    ("1", 0.0, r"head: '1' is not a head index"),
+    (1, 1.5, r"keep value 1\.5 is outside \[0, 1\]"),
+    (1, "0.5", r"value: '0\.5' is not a keep value; use a number in \[0, 1\]\."),
+    (1, True, r"value: True is not a keep value"),
+])
+def test_set_rejects_bools_non_integers_strings_and_out_of_range_values(head, value, message):
+    mask = pt.HeadMask.ones(tiny_model("bert"))
+    with pytest.raises(ValueError, match=message):
+        mask.set(SITE, head, value)
+    assert bool((mask[SITE] == 1).all())  # nothing changed
+
+
+@pytest.mark.parametrize("values", ["1111", ["1", "1", "0", "1"], [1, None, 1, 1], {"a": 1}])
+def test_string_and_non_numeric_keep_values_are_one_line_errors(values):
+    mask = pt.HeadMask.ones(tiny_model("bert"))
+    with pytest.raises(ValueError, match=r"mask\['bert.encoder.layer.0.attention'\]: keep values must be numbers"):
+        mask[SITE] = values
+
+
+def test_numpy_and_tensor_scalars_are_accepted_by_kind():
+    import numpy as np
+
+    mask = pt.HeadMask.ones(tiny_model("bert"))
+    mask.set(SITE, np.int64(2), 0.0)
+    mask.set(SITE, torch.tensor(3), torch.tensor(0.25))
+    assert mask[SITE].tolist() == [1.0, 1.0, 0.0, 0.25]
+    with pytest.raises(ValueError, match="head: True is not a head index"):
+        mask.set(SITE, torch.tensor(True), 0.0)
+    with pytest.raises(ValueError, match=r"head: 1\.0 is not a head index"):
+        mask.set(SITE, torch.tensor(1.0), 0.0)
+
+
+def test_applied_is_a_reentrant_context_manager():
+    model = tiny_model("bert")
+    inputs = tiny_inputs("bert")
+    mask = random_mask(model, seed=1, soft=True, empty_site=None)  # soft: a second hook would scale twice
+    with torch.no_grad():
+        plain = model(**inputs).logits
+        with mask.applied(model) as outer:
+            assert outer is mask and mask.attached
+            masked = model(**inputs).logits
+            with mask.applied(model):  # nested: no second hook (masked once, not twice), outer keeps it
+                assert torch.equal(model(**inputs).logits, masked)
+            assert mask.attached and torch.equal(model(**inputs).logits, masked)
+        assert not mask.attached and pt.attached_masks(model) == []
+        assert torch.equal(model(**inputs).logits, plain)
+    assert not hasattr(mask, "_pending_model")
+    with pytest.raises(RuntimeError, match="already attached"):  # attached elsewhere: applying it here is an error
+        with mask.applied(model), mask.applied(tiny_model("bert")):
+            pass
+    assert not mask.attached
+    with pytest.raises(KeyError):  # an exception inside the block still detaches
+        with mask.applied(model):
+            raise KeyError("boom")
+    assert not mask.attached and pt.attached_masks(model) == []

@@ -14,7 +14,8 @@ def test_save_load_round_trip_is_exact(family, tmp_path):
     model = tiny_model(family)
     pt.shrink(model, random_mask(model, seed=11, soft=True, empty_site=1))
     path = pt.save_pruned(model, tmp_path / "pruned")
-    assert sorted(p.name for p in path.iterdir() if p.suffix not in (".json",)) == ["model.safetensors"]
+    assert sorted(p.name for p in path.iterdir() if p.suffix not in (".json",)) == ["model.safetensors",
+                                                                                   "modeling_prunetrain.py"]
     assert not any(p.suffix in (".bin", ".pt", ".pkl") for p in path.iterdir())  # no pickles
     loaded = pt.load_pruned(path, attn_implementation="eager")
     assert type(loaded) is type(model)
@@ -75,3 +76,10 @@ def test_loading_something_else_is_a_clear_error(tmp_path):
     (broken / "model.safetensors").unlink()
     with pytest.raises(ValueError, match="has no model.safetensors"):
         pt.load_pruned(broken)
+
+
+def test_a_config_that_is_not_json_names_the_file(tmp_path):
+    path = pt.save_pruned(tiny_model("bert"), tmp_path / "m")
+    (path / "config.json").write_text("{not json")
+    with pytest.raises(ValueError, match=r"path: '.*config.json' is not JSON \(Expecting property name"):
+        pt.load_pruned(path)

@@ -145,15 +145,15 @@ def test_gqa_selects_whole_groups_by_summed_score_and_shrinks():
 
 def test_bad_arguments_raise_clear_errors():
     scores = marian_scores()
-    with pytest.raises(ValueError, match=r"amount: 1.5 is not a valid fraction; a float amount must be in \[0, 1\]"):
+    with pytest.raises(ValueError, match=r"amount: 1.5 is not a fraction in \[0, 1\]"):
         select_heads(scores, 1.5)
-    with pytest.raises(ValueError, match="amount: nan is not a valid fraction"):
+    with pytest.raises(ValueError, match="amount: nan is not a fraction in"):
         select_heads(scores, float("nan"))
-    with pytest.raises(ValueError, match="amount: -1 is a negative count"):
+    with pytest.raises(ValueError, match="amount: -1 is negative; a count of heads is an int >= 0"):
         select_heads(scores, -1)
-    with pytest.raises(TypeError, match="amount: expected a float fraction in \\[0, 1\\] or an int count"):
+    with pytest.raises(ValueError, match="amount: '0.5' is not an amount; use a fraction"):
         select_heads(scores, "0.5")
-    with pytest.raises(TypeError, match="amount: expected"):
+    with pytest.raises(ValueError, match="amount: True is not an amount"):
         select_heads(scores, True)
     with pytest.raises(ValueError, match="amount: 25 asks to prune 25 heads, but there are only 24 heads in scope"):
         select_heads(scores, 25)
@@ -169,7 +169,7 @@ def test_bad_arguments_raise_clear_errors():
         select_heads(scores, 0.5, kinds=[])
     with pytest.raises(ValueError, match="min_heads_per_layer: -1 is negative"):
         select_heads(scores, 0.5, min_heads_per_layer=-1)
-    with pytest.raises(TypeError, match="min_heads_per_layer: expected an int, got 1.5"):
+    with pytest.raises(ValueError, match="min_heads_per_layer: expected an int, got 1.5"):
         select_heads(scores, 0.5, min_heads_per_layer=1.5)
     with pytest.raises(ValueError, match=r"amount: 0.9 asks to prune 22 of 24 heads in scope \(0 already pruned\), "
                                          r"but min_heads_per_layer=1 leaves only 18 more prunable"):
@@ -180,7 +180,7 @@ def test_bad_arguments_raise_clear_errors():
         select_heads(nan, 0.5)
     with pytest.raises(ValueError, match="base_mask: does not fit the scores' layout"):
         select_heads(scores, 0.5, base_mask=HeadMask.ones(tiny_model("gpt2")))
-    with pytest.raises(TypeError, match="scores: expected a prunetrain HeadScores"):
+    with pytest.raises(ValueError, match="scores: expected a prunetrain HeadScores"):
         select_heads({"a": [1.0]}, 0.5)
 
 
@@ -236,13 +236,13 @@ def test_iterative_prune_with_counts_gqa_and_a_custom_scorer():
 def test_iterative_prune_argument_errors():
     model = tiny_model("gpt2")
     batches = [tiny_inputs("gpt2")]
-    with pytest.raises(TypeError, match="batches: a one-shot iterator"):
+    with pytest.raises(ValueError, match="batches: a one-shot iterator"):
         iterative_prune(model, (b for b in batches))
-    with pytest.raises(TypeError, match="step, target: both must be fractions"):
+    with pytest.raises(ValueError, match="step, target: both must be fractions"):
         iterative_prune(model, batches, step=1, target=0.5)
     with pytest.raises(ValueError, match="step: 0.0 would never prune"):
         iterative_prune(model, batches, step=0.0)
-    with pytest.raises(ValueError, match="target: 1.2 is not a valid fraction"):
+    with pytest.raises(ValueError, match="target: 1.2 is not a fraction in"):
         iterative_prune(model, batches, target=1.2)
     with pytest.raises(ValueError, match="scorer: 'fisher' is not one of"):
         iterative_prune(model, batches, scorer="fisher")

@@ -282,3 +282,93 @@ def test_masks_attached_through_a_wrapper_are_seen_by_shrink():
     assert pt.attached_masks(model) == [] and pt.find_heads(model).sites[0].num_heads == 3
     with torch.no_grad():
         wrapped(**tiny_inputs("bert"))
+
+
+def test_a_second_shrink_with_the_same_soft_mask_is_refused_not_scaled_again():
+    model = tiny_model("bert")
+    inputs = tiny_inputs("bert")
+    soft = pt.HeadMask.ones(model)
+    soft["bert.encoder.layer.0.attention"] = [1.0, 0.5, 0.25, 1.0]  # scales only: the layout stays the same
+    with torch.no_grad(), soft.applied(model):
+        masked = model(**inputs).logits
+    pt.shrink(model, soft)
+    weights = {k: v.clone() for k, v in model.state_dict().items()}
+    with pytest.raises(ValueError, match=r"already shrunk with these soft keep values.*would scale those heads a "
+                                         r"second time"):
+        pt.shrink(model, soft)
+    with pytest.raises(ValueError, match="already shrunk with these soft keep values"):
+        pt.shrink(model, soft.copy())  # an equal mask, not only the same object
+    assert all(torch.equal(model.state_dict()[k], v) for k, v in weights.items())
+    with torch.no_grad():
+        assert (model(**inputs).logits - masked).abs().max() <= 1e-5  # scaled once
+    pt.shrink(model, pt.HeadMask.ones(model))  # an all-ones shrink changes nothing (and forgets nothing)
+    with pytest.raises(ValueError, match="already shrunk with these soft keep values"):
+        pt.shrink(model, soft)
+    other = pt.HeadMask.ones(model)
+    other["bert.encoder.layer.1.attention"] = [0.5, 1.0, 1.0, 1.0]  # a different soft mask is a new scaling
+    pt.shrink(model, other)
+
+
+@pytest.mark.parametrize("family", ["gpt2", "opt", "falcon", "fsmt", "phi3", "olmo2"])
+def test_sites_whose_forward_cannot_run_switch_class_in_place(family):
+    """The one mechanism for sites whose own forward cannot run with the heads shrink leaves: the same module
+    object gets a declared subclass (same parameters, hooks and state-dict keys), resolvable by name for pickles."""
+    import prunetrain.engine.families.core as core
+
+    model = tiny_model(family)
+    site = pt.find_heads(model).sites[0].name
+    module = model.get_submodule(site)
+    original = type(module)
+    keys = list(model.state_dict())
+    pt.shrink(model, random_mask(model, seed=0, empty_site=0))
+    switched = model.get_submodule(site)
+    assert switched is module  # the same object
+    assert type(switched) is not original and issubclass(type(switched), original)
+    assert type(switched).__module__ == core.__name__ and getattr(core, type(switched).__name__) is type(switched)
+    assert list(model.state_dict()) == keys
+
+
+def test_a_gqa_site_shrunk_to_one_kv_group_then_loses_single_query_heads():
+    """With one key/value head left, a GQA site behaves as multi-query: its query heads go one at a time (the kv
+    head stays while any query head does), and the result equals the masked original."""
+    model = tiny_model("llama")  # 4 query heads on 2 kv heads
+    site = "model.layers.0.self_attn"
+    shrunk = copy.deepcopy(model)
+    pt.shrink(shrunk, pt.HeadMask.from_heads(shrunk, {site: [2, 3]}))  # the second kv group
+    after = pt.find_heads(shrunk)[site]
+    assert (after.num_heads, after.num_kv_heads, after.group_size) == (2, 1, 1)
+    pt.shrink(shrunk, pt.HeadMask.from_heads(shrunk, {site: [0]}))  # one query head of the remaining group
+    final = pt.find_heads(shrunk)[site]
+    assert (final.num_heads, final.num_kv_heads, final.heads) == (1, 1, (1,))
+    combined = pt.HeadMask.from_heads(model, {site: [0, 2, 3]})
+    inputs = tiny_inputs("llama")
+    with torch.no_grad(), combined.applied(model):
+        expected = model(**inputs).logits
+    with torch.no_grad():
+        assert (shrunk(**inputs).logits - expected).abs().max() <= 1e-5
+
+
+@pytest.mark.parametrize("family", ["llama-gqa4", "falcon", "phi3", "olmo2"])
+def test_a_partial_group_is_allowed_when_it_is_the_only_group_left(family, tmp_path):
+    """Keeping part of one kv group and nothing else makes the site multi-query, which is exact; save/load (which
+    shrinks a fresh model to the recorded heads in one step) reproduces it."""
+    model = tiny_model(family)
+    layout = pt.find_heads(model)
+    site = layout.sites[0]
+    g = site.group_size
+    assert g > 1
+    remove = [h for h in range(site.num_heads) if h != 1]  # keep only query head 1 of group 0
+    mask = pt.HeadMask.from_heads(model, {site.name: remove})
+    inputs = tiny_inputs(family)
+    with torch.no_grad(), mask.applied(model):
+        expected = model(**inputs).logits
+    shrunk = copy.deepcopy(model)
+    pt.shrink(shrunk, mask)
+    info = pt.find_heads(shrunk)[site.name]
+    assert (info.num_heads, info.num_kv_heads, info.heads, info.group_size) == (1, 1, (1,), 1)
+    with torch.no_grad():
+        assert (shrunk(**inputs).logits - expected).abs().max() <= 1e-5
+    pt.save_pruned(shrunk, tmp_path / "pruned")
+    loaded = pt.load_pruned(tmp_path / "pruned", attn_implementation="eager")
+    with torch.no_grad():
+        assert torch.equal(loaded(**inputs).logits, shrunk(**inputs).logits)

@@ -1,6 +1,8 @@
-"""Michel et al. studies as library functions on a tiny real model, with a loss-based metric."""
+"""Michel et al. studies as library functions on a tiny real model, with a loss-based metric (higher is better:
+the negative loss), checked against independent masking; resume after an interruption gives the full result."""
 
 import json
+import math
 
 import pytest
 import torch
@@ -8,7 +10,29 @@ import torch
 import prunetrain as pt
 from prunetrain.methods import studies
 from prunetrain.methods.curve import loss_metric
+from prunetrain.utils.plots import read_image_tags, read_scalars
 from prunetrain.zoo import tiny_inputs, tiny_model
+
+
+class Interrupted(Exception):
+    pass
+
+
+def _stop_after(n):
+    """An `after_unit` hook that interrupts the study after n units (each saved before the hook runs)."""
+    seen = []
+
+    def hook(unit, value):
+        seen.append(unit)
+        if len(seen) >= n:
+            raise Interrupted(unit)
+
+    return hook
+
+
+def _without_time(result):
+    result = {k: v for k, v in result.items() if k != "seconds"}
+    return json.loads(json.dumps(result))
 
 
 @pytest.fixture(scope="module")
@@ -23,61 +47,158 @@ def model_and_metric():
     return model, neg_loss, batches
 
 
-def test_ablate_each_head_matches_independent_masks(tmp_path, model_and_metric):
+def _masked(model, metric, remove):
+    with torch.no_grad(), pt.HeadMask.from_heads(model, remove).applied(model):
+        return metric(model)["score"]
+
+
+def test_ablate_each_head_matches_masks_writes_figure_and_tensorboard(tmp_path, model_and_metric):
     model, metric, _ = model_and_metric
-    result = studies.ablate_each_head(model, metric, key="score", out_dir=tmp_path)
+    result = studies.ablate_each_head(model, metric, key="score", threshold=5e-5, out_dir=tmp_path)
     assert len(result["heads"]) == 24
     row = result["heads"][13]
-    mask = pt.HeadMask.from_heads(model, {row["site"]: [row["head"]]})
-    with torch.no_grad(), mask.applied(model):
-        expected = metric(model)["score"]
+    expected = _masked(model, metric, {row["site"]: [row["head"]]})
     assert row["value"] == pytest.approx(expected, abs=1e-9)
     assert row["delta"] == pytest.approx(expected - result["base"], abs=1e-9)
-    assert (tmp_path / "ablation_hist.png").is_file()
+    deltas = [r["delta"] for r in result["heads"]]
+    summary = result["summary"]
+    assert summary["num_changed"] == sum(abs(d) > 5e-5 for d in deltas) and 0 < summary["num_changed"] < 24
+    assert summary["num_improving"] == sum(d > 0 for d in deltas)
+    assert summary["num_worse"] + summary["num_improving_beyond_threshold"] == summary["num_changed"]
+    assert (tmp_path / "ablation_hist.png").read_bytes()[:4] == b"\x89PNG"
     assert json.loads((tmp_path / "ablation.json").read_text())["summary"]["num_heads"] == 24
+    assert not (tmp_path / "ablation.partial.json").exists()
+    logged = read_scalars(tmp_path / "tensorboard")["ablate/delta"]
+    assert [v for _, v in sorted(logged)] == pytest.approx(deltas, abs=1e-5)
+    assert read_image_tags(tmp_path / "tensorboard") == {"ablate/ablation_hist": 1}
     assert pt.attached_masks(model) == []
 
 
-def test_keep_one_head_per_layer_keeps_the_best_head(tmp_path, model_and_metric):
+def test_interrupted_ablation_resumes_to_the_full_result_and_refuses_other_arguments(tmp_path, model_and_metric):
     model, metric, _ = model_and_metric
-    result = studies.keep_one_head_per_layer(model, metric, key="score", out_dir=tmp_path)
-    assert len(result["layers"]) == 6
+    full = studies.ablate_each_head(model, metric, key="score", out_dir=tmp_path / "full", args={"data": "x"})
+    with pytest.raises(Interrupted):
+        studies.ablate_each_head(model, metric, key="score", out_dir=tmp_path / "cut", args={"data": "x"},
+                                 after_unit=_stop_after(7))
+    partial = json.loads((tmp_path / "cut" / "ablation.partial.json").read_text())
+    assert len(partial["units"]) == 7 and not (tmp_path / "cut" / "ablation.json").exists()
+    with pytest.raises(ValueError, match=r"other arguments: data \(saved 'x', now 'y'\)"):
+        studies.ablate_each_head(model, metric, key="score", out_dir=tmp_path / "cut", args={"data": "y"})
+    evaluated = []
+    resumed = studies.ablate_each_head(model, metric, key="score", out_dir=tmp_path / "cut", args={"data": "x"},
+                                       after_unit=lambda unit, value: evaluated.append(unit))
+    assert len(evaluated) == 25 - 7  # the saved units are not evaluated again
+    assert _without_time(resumed) == _without_time(full)
+    again = studies.ablate_each_head(model, metric, key="score", out_dir=tmp_path / "cut", args={"data": "x"},
+                                     after_unit=lambda unit, value: evaluated.append(unit))
+    assert again == resumed and len(evaluated) == 18  # finished: returned from the file, no work
+
+
+def test_keep_one_head_per_layer_tries_each_or_reuses_an_ablation(tmp_path, model_and_metric):
+    model, metric, _ = model_and_metric
+    result = studies.keep_one_head_per_layer(model, metric, key="score", out_dir=tmp_path / "tried")
+    assert len(result["layers"]) == 6 and result["summary"]["head_choice"] == "tried each"
     first = result["layers"][0]
-    values = []
-    for head in range(4):
-        mask = pt.HeadMask.from_heads(model, {first["site"]: [h for h in range(4) if h != head]})
-        with torch.no_grad(), mask.applied(model):
-            values.append(metric(model)["score"])
+    values = [_masked(model, metric, {first["site"]: [h for h in range(4) if h != k]}) for k in range(4)]
     assert first["kept_head"] == max(range(4), key=lambda h: values[h])
     assert first["value"] == pytest.approx(max(values), abs=1e-9)
-    assert "| kept head |" in (tmp_path / "one_head_per_layer.md").read_text()
+    assert "| kept head |" in (tmp_path / "tried" / "one_head_per_layer.md").read_text()
+    assert (tmp_path / "tried" / "one_head_per_layer.png").read_bytes()[:4] == b"\x89PNG"
+
+    ablation = studies.ablate_each_head(model, metric, key="score")
+    count = []
+    reused = studies.keep_one_head_per_layer(model, metric, key="score", ablation=ablation,
+                                             out_dir=tmp_path / "reused", after_unit=lambda u, v: count.append(u))
+    assert len(count) == 1 + 6  # the base and one evaluation per site
+    for row in reused["layers"]:
+        deltas = {r["head"]: r["delta"] for r in ablation["heads"] if r["site"] == row["site"]}
+        assert row["kept_head"] == min(deltas, key=deltas.get)  # the head whose removal hurts most
+        assert row["value"] == pytest.approx(
+            _masked(model, metric, {row["site"]: [h for h in range(4) if h != row["kept_head"]]}), abs=1e-9)
+    with pytest.raises(ValueError, match="ablation: holds no delta for every head of site"):
+        studies.keep_one_head_per_layer(model, metric, key="score", ablation={"heads": ablation["heads"][:5]})
 
 
-def test_spearman_and_cross_dataset(tmp_path, model_and_metric):
+def test_pearson_spearman_and_cross_dataset_of_ablation_deltas(tmp_path, model_and_metric):
     assert studies.spearman([1, 2, 3, 4], [10, 20, 30, 40]) == pytest.approx(1.0)
-    assert studies.spearman([1, 2, 3, 4], [4, 3, 2, 1]) == pytest.approx(-1.0)
     assert studies.spearman([1, 2, 3, 4, 5], [2, 1, 4, 3, 5]) == pytest.approx(0.8)  # 1 - 6·4/(5·24)
     assert studies.spearman([1, 1, 2], [1, 2, 3]) == pytest.approx(0.8660254, abs=1e-6)  # ties: average ranks
+    assert studies.pearson([1, 2, 3], [1, 2, 4]) == pytest.approx(0.9819805, abs=1e-6)  # by hand: 3 / sqrt(2·4.667)
+    assert studies.spearman([1, 2, 3], [1, 2, 4]) == pytest.approx(1.0)  # monotone, not linear
+    assert math.isnan(studies.pearson([1, 1, 1], [1, 2, 3]))
     with pytest.raises(ValueError, match="need two sequences of the same length"):
-        studies.spearman([1, 2], [1])
-    model, _, batches = model_and_metric
-    a = pt.head_importance(model, batches[:1])
-    b = pt.head_importance(model, batches[1:])
-    result = studies.cross_dataset(a, b, names=("first", "second"), out_dir=tmp_path)
-    assert -1 <= result["spearman"] <= 1 and result["num_heads"] == 24
-    assert studies.cross_dataset(a, a)["spearman"] == pytest.approx(1.0)
-    assert (tmp_path / "cross_dataset.png").is_file()
-
-
-def test_pruning_curves_study_importance_random_and_by_kind(tmp_path, model_and_metric):
+        studies.pearson([1, 2], [1])
     model, metric, batches = model_and_metric
-    result = studies.pruning_curves_study(model, metric, batches, key="score", fractions=[0, 0.25, 0.5],
-                                          random_seeds=[0, 1], out_dir=tmp_path)
+    other_loss = loss_metric(batches[1:])
+
+    def other(m):
+        return {"score": -other_loss(m)["loss"]}
+
+    result = studies.cross_dataset(model, [metric, other], key="score", names=("both", "second"), out_dir=tmp_path)
+    a = studies.ablate_each_head(model, metric, key="score")
+    b = studies.ablate_each_head(model, other, key="score")
+    da, db = [r["delta"] for r in a["heads"]], [r["delta"] for r in b["heads"]]
+    assert [h["delta_a"] for h in result["heads"]] == pytest.approx(da, abs=1e-9)
+    assert [h["delta_b"] for h in result["heads"]] == pytest.approx(db, abs=1e-9)
+    assert result["pearson"] == pytest.approx(studies.pearson(da, db)) and -1 <= result["spearman"] <= 1
+    assert studies.cross_dataset(model, [metric, metric], key="score")["pearson"] == pytest.approx(1.0)
+    assert (tmp_path / "cross_dataset.png").read_bytes()[:4] == b"\x89PNG"
+    assert set(read_scalars(tmp_path / "tensorboard")) == {"cross-dataset/pearson", "cross-dataset/spearman"}
+
+
+def test_within_threshold():
+    assert studies.within([0, 0.1, 0.2, 0.3], [10, 9.8, 9.4, 9.9], 10, 0.5) == 0.1  # stops at the first drop
+    assert studies.within([0, 0.5], [10, 10], 10, 0.5) == 0.5
+    assert studies.within([0, 0.5], [2, 2.2], 2, 0.1, higher_is_better=False) == 0.0
+
+
+def test_pruning_curves_importance_random_spread_and_resume(tmp_path, model_and_metric):
+    model, metric, batches = model_and_metric
+    kwargs = dict(key="score", fractions=[0, 0.25, 0.5], random_seeds=[0, 1], threshold=1e-4)
+    result = studies.pruning_curves_study(model, metric, batches, out_dir=tmp_path / "full", **kwargs)
     curves = result["curves"]
-    assert set(curves) == {"importance", "random_seed0", "random_seed1", "kind_encoder_self", "kind_decoder_self",
-                           "kind_cross"}
+    assert set(curves) == {"importance", "random_seed0", "random_seed1"}
     assert [p["heads_kept"] for p in curves["importance"]["points"]] == [24, 18, 12]
-    assert [p["kept_per_kind"]["cross"] for p in curves["kind_cross"]["points"]] == [8, 6, 4]
-    assert [p["kept_per_kind"]["encoder_self"] for p in curves["kind_cross"]["points"]] == [8, 8, 8]
-    assert curves["importance"]["points"][0]["value"] == curves["random_seed0"]["points"][0]["value"]
-    assert (tmp_path / "pruning_curves.png").is_file() and (tmp_path / "pruning_curves_by_kind.png").is_file()
+    assert curves["importance"]["iterative"] is True
+    r0, r1 = ([p["value"] for p in curves[f"random_seed{s}"]["points"]] for s in (0, 1))
+    assert result["random"]["mean"] == pytest.approx([(x + y) / 2 for x, y in zip(r0, r1)])
+    assert result["random"]["min"] == [min(x, y) for x, y in zip(r0, r1)]
+    base = curves["importance"]["points"][0]["value"]
+    assert base == r0[0] == result["summary"]["base"]
+    assert result["summary"]["importance_within_threshold"] == studies.within(
+        [0, 0.25, 0.5], [p["value"] for p in curves["importance"]["points"]], base, 1e-4)
+    assert (tmp_path / "full" / "pruning_curves.png").is_file()
+    assert set(read_scalars(tmp_path / "full" / "tensorboard")) == {"curves/importance", "curves/random_seed0",
+                                                                   "curves/random_seed1"}
+    with pytest.raises(Interrupted):  # stops in the middle of the first random curve
+        studies.pruning_curves_study(model, metric, batches, out_dir=tmp_path / "cut", after_unit=_stop_after(5),
+                                     **kwargs)
+    resumed = studies.pruning_curves_study(model, metric, batches, out_dir=tmp_path / "cut", **kwargs)
+    assert _without_time(resumed) == _without_time(result)
+
+
+def test_per_kind_curves_prune_only_one_kind(tmp_path, model_and_metric):
+    model, metric, batches = model_and_metric
+    result = studies.per_kind_curves(model, metric, batches, key="score", fractions=[0, 0.5], out_dir=tmp_path)
+    curves = result["curves"]
+    assert set(curves) == {"encoder_self", "decoder_self", "cross"}
+    assert [p["kept_per_kind"]["cross"] for p in curves["cross"]["points"]] == [8, 4]
+    assert [p["kept_per_kind"]["encoder_self"] for p in curves["cross"]["points"]] == [8, 8]
+    assert result["summary"]["most_sensitive"] in curves
+    assert (tmp_path / "per_kind_curves.png").is_file()
+    with pytest.raises(ValueError, match="per-kind curves need an encoder-decoder model"):
+        studies.per_kind_curves(tiny_model("bert"), metric, batches, fractions=[0, 0.5])
+
+
+def test_speed_study_benchmarks_each_shrunk_fraction(tmp_path, model_and_metric):
+    model, _, batches = model_and_metric
+    result = studies.speed_study(model, batches, fractions=[0, 0.5], batch_sizes=[2], seq_lens=[8], repeats=2,
+                                 memory=False, out_dir=tmp_path)
+    assert result["fractions"] == [0.5] and len(result["points"]) == 1
+    point = result["points"][0]
+    assert point["heads_kept"] == 12 and point["rows"][0]["heads_b"] == 12 and point["rows"][0]["heads_a"] == 24
+    assert result["table"][0]["flop_ideal_speedup"] > 1  # fewer heads: fewer matmul FLOPs
+    assert result["paper"]["speedup"] == 1.175
+    assert "| 50 % | 12 |" in (tmp_path / "speed.md").read_text()
+    assert (tmp_path / "speed.png").is_file() and read_image_tags(tmp_path / "tensorboard") == {"speed/speed": 1}
+    assert pt.find_heads(model).total_heads == 24  # the full model is left as it was

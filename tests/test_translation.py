@@ -150,14 +150,18 @@ def test_evaluate_directory_scores_saved_pruned_and_full_models(m30k_tokenizer, 
     # a plain save_pretrained directory (no layout file) loads with MarianMTModel.from_pretrained
     full = tiny_marian(m30k_tokenizer, seed=6)
     full.save_pretrained(tmp_path / "full" / "model")
-    m30k_tokenizer.save_pretrained(tmp_path / "full" / "tokenizer")  # tokenizer next to the model
+    m30k_tokenizer.save_pretrained(tmp_path / "full" / "tokenizer")  # tokenizer next to the model, not in it
     assert isinstance(load_translation_model(tmp_path / "full" / "model"), MarianMTModel)
-    plain = evaluate_directory(tmp_path / "full" / "model", multi30k_dir, "test", limit=8, max_new_tokens=6)
+    # a neighbour's tokenizer is never picked up silently: it has to be named
+    with pytest.raises(ValueError, match=r"tokenizer: no tokenizer.json in '.*model' or its tokenizer/ folder"):
+        evaluate_directory(tmp_path / "full" / "model", multi30k_dir, "test", limit=8, max_new_tokens=6)
+    plain = evaluate_directory(tmp_path / "full" / "model", multi30k_dir, "test", limit=8, max_new_tokens=6,
+                               tokenizer_path=tmp_path / "full" / "tokenizer")
     assert plain["heads"] == 24 and math.isfinite(plain["bleu"])
 
     with pytest.raises(ValueError, match="splits with both"):
         evaluate_directory(pruned_dir, multi30k_dir, "nonexistent_split")
-    with pytest.raises(ValueError, match="no config.json"):
+    with pytest.raises(ValueError, match=r"model: '.*' is not a saved model directory \(no config.json\)"):
         evaluate_directory(tmp_path, multi30k_dir, "test")
 
 

@@ -34,20 +34,23 @@ import platform
 import statistics
 import time
 from contextlib import contextmanager, nullcontext
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
-from typing import Any, Callable, Iterable, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 import torch
 from torch import nn
 
 from prunetrain.bench.flops import count_flops
+from prunetrain.utils.device import default_device, device_of
+from prunetrain.utils.validate import allowed_text, check_choice, check_int, check_ints
 
 __all__ = [
     "DTYPES",
     "GENERATE_MODES",
     "ORDERS",
     "Alternation",
+    "BenchConfig",
     "BenchResult",
     "alternate",
     "benchmark",
@@ -72,34 +75,11 @@ JSON_FORMAT = "prunetrain.BenchResult/1"
 # ----------------------------------------------------------------------------------------------------------------
 # argument checking
 # ----------------------------------------------------------------------------------------------------------------
-def _allowed(values: Iterable[Any]) -> str:
-    return ", ".join(repr(v) for v in values)
-
-
-def _check_choice(name: str, value: Any, allowed: Sequence[Any]) -> None:
-    if value not in allowed:
-        raise ValueError(f"{name}: {value!r} is not one of {_allowed(allowed)}.")
-
-
-def _check_int(name: str, value: Any, minimum: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise ValueError(f"{name}: {value!r} is not allowed; expected an integer >= {minimum}.")
-    return value
-
-
-def _check_ints(name: str, values: Any, minimum: int = 1) -> tuple[int, ...]:
+def _int_list(name: str, values: Any) -> tuple[int, ...]:
+    """One int or a sequence of ints >= 1."""
     if isinstance(values, int) and not isinstance(values, bool):
         values = (values,)
-    try:
-        values = tuple(values)
-    except TypeError:
-        raise ValueError(f"{name}: {values!r} is not allowed; expected a sequence of integers >= {minimum}.") from None
-    if not values:
-        raise ValueError(f"{name}: () is empty; expected at least one integer >= {minimum}.")
-    for v in values:
-        if isinstance(v, bool) or not isinstance(v, int) or v < minimum:
-            raise ValueError(f"{name}: {v!r} is not allowed; every value must be an integer >= {minimum}.")
-    return values
+    return check_ints(name, values, 1)
 
 
 def _generate_modes(generate: Any) -> tuple[str, ...]:
@@ -108,7 +88,7 @@ def _generate_modes(generate: Any) -> tuple[str, ...]:
     modes = (generate,) if isinstance(generate, str) else tuple(generate)
     for mode in modes:
         if mode not in GENERATE_MODES:
-            raise ValueError(f"generate: {mode!r} is not one of None, {_allowed(GENERATE_MODES)} "
+            raise ValueError(f"generate: {mode!r} is not one of None, {allowed_text(GENERATE_MODES)} "
                              f"(or a sequence of them).")
     return modes
 
@@ -204,10 +184,18 @@ def alternate(
     CPU time of the call (`time.process_time`, all threads) is recorded too: on a shared machine `cpu / wall`
     below the thread count shows the call did not have the cores to itself. `between()` (untimed) runs before
     every call, e.g. to reset state.
+
+    Args:
+        fns: label -> callable without arguments.
+        warmup: untimed rounds.
+        repeats: timed rounds.
+        order: "abba" (rotate every round) or "abab".
+        device: synchronise this CUDA device around each call.
+        between: untimed callable run before every call.
     """
-    _check_choice("order", order, ORDERS)
-    warmup = _check_int("warmup", warmup, 0)
-    repeats = _check_int("repeats", repeats, 1)
+    check_choice("order", order, ORDERS)
+    warmup = check_int("warmup", warmup, 0)
+    repeats = check_int("repeats", repeats, 1)
     if not fns:
         raise ValueError("fns: empty; expected at least one callable.")
     labels = list(fns)
@@ -270,9 +258,18 @@ def make_inputs(model: nn.Module, batch: int, seq_len: int, tgt_len: int | None 
 
     Ids are drawn from `[4, vocab_size)` to avoid the usual special tokens. Seq2seq models also get
     `decoder_input_ids` of length `tgt_len` (default `seq_len`) unless `for_generate`.
+
+    Args:
+        model: the model (its config gives the vocabulary).
+        batch: sequences.
+        seq_len: tokens per sequence.
+        tgt_len: decoder length for seq2seq models (default seq_len).
+        seed: the generator's seed.
+        device: where the tensors go.
+        for_generate: leave out decoder inputs (generation makes its own).
     """
-    _check_int("batch", batch, 1)
-    _check_int("seq_len", seq_len, 1)
+    check_int("batch", batch, 1)
+    check_int("seq_len", seq_len, 1)
     vocab = int(getattr(_text_config(model), "vocab_size"))
     low = 4 if vocab > 8 else 0
     gen = torch.Generator().manual_seed(seed)
@@ -319,7 +316,7 @@ def peak_memory(fn: Callable[[], Any], model: nn.Module, device: torch.device | 
       Buffers that oneDNN/BLAS allocate outside torch's allocator are not seen; process RSS is not used (it is
       process-wide, so useless for an A/B comparison).
     """
-    dev = torch.device(device) if device is not None else next(model.parameters()).device
+    dev = torch.device(device) if device is not None else device_of(model)
     static = sum(p.numel() * p.element_size() for p in model.parameters())
     static += sum(b.numel() * b.element_size() for b in model.buffers())
     gc.collect()
@@ -622,186 +619,251 @@ def _check_compatible(a: nn.Module, b: nn.Module, label: str) -> None:
         raise ValueError(f"model_b[{label!r}]: vocab_size {tb.vocab_size} differs from model_a's {ta.vocab_size}.")
 
 
-def benchmark(
-    model_a: nn.Module,
-    model_b: nn.Module | Mapping[str, nn.Module],
-    *,
-    batch_sizes: Sequence[int] | int = (1, 8, 32, 64),
-    seq_lens: Sequence[int] | int = (128,),
-    tgt_len: int | None = None,
-    inputs: Callable[[int, int], Mapping[str, torch.Tensor]] | None = None,
-    dtype: str = "fp32",
-    forward: bool = True,
-    generate: str | Sequence[str] | None = None,
-    new_tokens: int = 26,
-    warmup: int = 1,
-    repeats: int = 10,
-    order: str = "abba",
-    device: str | torch.device | None = None,
-    threads: int | None = None,
-    label_a: str = "original",
-    label_b: str = "pruned",
-    flops: bool = True,
-    memory: bool = True,
-    seed: int = 0,
-    progress: Callable[[str], Any] | None = None,
-) -> BenchResult:
+@dataclass
+class BenchConfig:
+    """What `benchmark` measures and how (every field has a default; `benchmark(a, b, repeats=20)` overrides one).
+
+    Args:
+        batch_sizes: batch sizes; every combination with `seq_lens` is measured.
+        seq_lens: sequence lengths (the source length for seq2seq models and for generation).
+        tgt_len: decoder length of the seq2seq `forward` task (default seq_len).
+        inputs: `inputs(batch, seq_len) -> dict` to replace the random token inputs of `make_inputs`.
+        dtype: "fp32", or "bf16" (autocast around every call of both models).
+        forward: time `model(**inputs)` (under `torch.inference_mode`).
+        generate: None, "greedy", "beam4" or a sequence of them: time `generate` with exactly `new_tokens` new
+            tokens (min_new_tokens = max_new_tokens); throughput in new tokens/s (per sequence, not per beam).
+        new_tokens: tokens each generation produces.
+        warmup: untimed rounds (the first runs the FLOP counter and the memory profiler).
+        repeats: timed rounds; each round runs every model once, interleaved (`order`).
+        order: "abba" (the order rotates every round) or "abab".
+        device: where the models run (default CUDA when available, else CPU).
+        threads: `torch.set_num_threads` for the run (default: leave as is); the count used is recorded.
+        label_a: the baseline's label.
+        label_b: the variant's label when `model_b` is one model.
+        flops: count matmul FLOPs of one call per model (FlopCounterMode) and the FLOP-ideal speedup.
+        memory: measure peak memory of one call per model (see `peak_memory`).
+        seed: seed of the random inputs.
+    """
+
+    batch_sizes: Sequence[int] | int = (1, 8, 32, 64)
+    seq_lens: Sequence[int] | int = (128,)
+    tgt_len: int | None = None
+    inputs: Callable[[int, int], Mapping[str, torch.Tensor]] | None = None
+    dtype: str = "fp32"
+    forward: bool = True
+    generate: str | Sequence[str] | None = None
+    new_tokens: int = 26
+    warmup: int = 1
+    repeats: int = 10
+    order: str = "abba"
+    device: str | torch.device | None = None
+    threads: int | None = None
+    label_a: str = "original"
+    label_b: str = "pruned"
+    flops: bool = True
+    memory: bool = True
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        self.batch_sizes = _int_list("batch_sizes", self.batch_sizes)
+        self.seq_lens = _int_list("seq_lens", self.seq_lens)
+        check_choice("dtype", self.dtype, DTYPES)
+        self.generate = _generate_modes(self.generate)
+        check_choice("order", self.order, ORDERS)
+        check_int("warmup", self.warmup, 0)
+        check_int("repeats", self.repeats, 1)
+        check_int("new_tokens", self.new_tokens, 1)
+        if self.tgt_len is not None:
+            check_int("tgt_len", self.tgt_len, 1)
+        if self.threads is not None:
+            check_int("threads", self.threads, 1)
+        if not self.forward and not self.generate:
+            raise ValueError("forward: False with generate=None leaves nothing to measure; allowed: forward=True "
+                             f"and/or generate in {allowed_text(GENERATE_MODES)}.")
+
+    @property
+    def tasks(self) -> list[str]:
+        return (["forward"] if self.forward else []) + list(self.generate)
+
+    @classmethod
+    def with_options(cls, config: "BenchConfig | None", options: Mapping[str, Any]) -> "BenchConfig":
+        """`config` (default: the defaults) with `options` replacing fields; an unknown option is refused."""
+        known = [f.name for f in fields(cls)]
+        unknown = [k for k in options if k not in known]
+        if unknown:
+            raise ValueError(f"{unknown[0]}: not an option of benchmark; the options are {', '.join(known)}.")
+        base = config if config is not None else cls()
+        return replace(base, **options) if options else base
+
+
+def benchmark(model_a: nn.Module, model_b: nn.Module | Mapping[str, nn.Module], config: BenchConfig | None = None,
+              *, progress: Callable[[str], Any] | None = None, **options) -> BenchResult:
     """Compare `model_a` (the original) with `model_b` (a pruned / shrunk model, or `{label: model}` variants).
 
-    batch_sizes, seq_lens: every combination is measured (seq_len = source length for seq2seq and generation).
-    tgt_len:     decoder length of the seq2seq `forward` task (default seq_len).
-    inputs:      `inputs(batch, seq_len) -> dict` to replace the random token inputs of `make_inputs`.
-    dtype:       'fp32', or 'bf16' (autocast around every call of both models).
-    forward:     time `model(**inputs)` (under `torch.inference_mode`).
-    generate:    None, 'greedy', 'beam4' or a sequence of them: time `generate` with exactly `new_tokens` new
-                 tokens (min_new_tokens = max_new_tokens); throughput in new tokens/s (per sequence, not per beam).
-    warmup, repeats: untimed and timed rounds; each round runs every model once, interleaved (`order`).
-    threads:     `torch.set_num_threads` for the run (default: leave as is); the count used is recorded.
-    flops:       count matmul FLOPs of one call per model (FlopCounterMode) and the FLOP-ideal speedup.
-    memory:      measure peak memory of one call per model (see `peak_memory`).
+    The models are moved to the configured device and put in eval mode.
 
-    The models are moved to `device` (default CUDA when available, else CPU) and put in eval mode.
+    Args:
+        model_a: the baseline.
+        model_b: one model or `{label: model}` variants, all interleaved with the baseline.
+        config: what to measure (`BenchConfig`); default `BenchConfig()`.
+        progress: called with one line per measured case.
+        **options: `BenchConfig` fields overriding `config` (e.g. `repeats=20`).
+
+    Returns:
+        A `BenchResult` (rows per variant, task, batch size and length; the settings in `meta`).
     """
-    batch_sizes = _check_ints("batch_sizes", batch_sizes)
-    seq_lens = _check_ints("seq_lens", seq_lens)
-    _check_choice("dtype", dtype, DTYPES)
-    modes = _generate_modes(generate)
-    _check_choice("order", order, ORDERS)
-    warmup = _check_int("warmup", warmup, 0)
-    repeats = _check_int("repeats", repeats, 1)
-    new_tokens = _check_int("new_tokens", new_tokens, 1)
-    if tgt_len is not None:
-        _check_int("tgt_len", tgt_len, 1)
-    if threads is not None:
-        _check_int("threads", threads, 1)
-    if not forward and not modes:
-        raise ValueError("forward: False with generate=None leaves nothing to measure; allowed: forward=True "
-                         f"and/or generate in {_allowed(GENERATE_MODES)}.")
+    config = BenchConfig.with_options(config, options)
     if not isinstance(model_a, nn.Module):
         raise ValueError(f"model_a: expected a torch.nn.Module, got {type(model_a).__name__}.")
-    variants = dict(model_b) if isinstance(model_b, Mapping) else {label_b: model_b}
+    variants = dict(model_b) if isinstance(model_b, Mapping) else {config.label_b: model_b}
     if not variants:
         raise ValueError("model_b: empty mapping; expected a model or {label: model}.")
-    if label_a in variants:
-        raise ValueError(f"label_a: {label_a!r} is also a label of model_b; labels must differ.")
+    if config.label_a in variants:
+        raise ValueError(f"label_a: {config.label_a!r} is also a label of model_b; labels must differ.")
     for label, m in variants.items():
         if not isinstance(m, nn.Module):
             raise ValueError(f"model_b[{label!r}]: expected a torch.nn.Module, got {type(m).__name__}.")
         _check_compatible(model_a, m, label)
-    for mode in modes:
-        for label, m in [(label_a, model_a), *variants.items()]:
+    for mode in config.generate:
+        for label, m in [(config.label_a, model_a), *variants.items()]:
             if not _can_generate(m):
                 raise ValueError(f"generate: {mode!r} needs models that can generate, but {label!r} "
                                  f"({type(m).__name__}) cannot; use generate=None.")
 
-    dev = torch.device(device) if device is not None else torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    models = {label_a: model_a, **variants}
+    dev = torch.device(config.device) if config.device is not None else default_device()
+    models = {config.label_a: model_a, **variants}
     for m in models.values():
         m.to(dev).eval()
     say = progress or (lambda msg: None)
 
-    with _threads(threads):
-        meta = {
-            **_environment(dev),
-            "dtype": dtype,
-            "warmup": warmup,
-            "repeats": repeats,
-            "order": order,
-            "baseline": label_a,
-            "variants": list(variants),
-            "tasks": (["forward"] if forward else []) + list(modes),
-            "batch_sizes": list(batch_sizes),
-            "seq_lens": list(seq_lens),
-            "tgt_len": tgt_len,
-            "new_tokens": new_tokens if modes else None,
-            "timer": "time.perf_counter wall time per call" + (" with cuda synchronize" if dev.type == "cuda" else ""),
-            "flops": "matmul FLOPs of one call, torch FlopCounterMode + CPU sdpa (prunetrain.bench.flops)" if flops else None,
-            "seed": seed,
-            "warmup_note": "the first warm-up round runs each model once under the FLOP counter and the memory "
-                           "profiler (untimed); the other warm-up rounds are plain, interleaved like the timed ones",
-        }
+    with _threads(config.threads):
+        meta = _bench_meta(config, dev, list(variants))
         info = {label: _param_info(m) for label, m in models.items()}
         rows: list[dict] = []
-        tasks = (["forward"] if forward else []) + list(modes)
-        for task in tasks:
-            for batch in batch_sizes:
-                for seq_len in seq_lens:
+        for task in config.tasks:
+            for batch in config.batch_sizes:
+                for seq_len in config.seq_lens:
                     say(f"{task} batch={batch} seq_len={seq_len}")
-                    rows.extend(_bench_case(models, label_a, task, batch, seq_len, tgt_len, inputs, dtype, new_tokens,
-                                            warmup, repeats, order, dev, flops, memory, seed, info))
+                    rows.extend(_bench_case(models, _Case(task, batch, seq_len), config, dev, info))
         meta["loadavg_after"] = _loadavg()
         meta["memory_method"] = next((r["memory_a"]["method"] for r in rows if r.get("memory_a")), None)
     return BenchResult(meta=meta, models=info, rows=rows)
 
 
-def _bench_case(models, label_a, task, batch, seq_len, tgt_len, inputs_fn, dtype, new_tokens, warmup, repeats,
-                order, dev, want_flops, want_memory, seed, info) -> list[dict]:
-    model_a = models[label_a]
-    gen = task != "forward"
-    if inputs_fn is not None:
-        batch_inputs = {k: (v.to(dev) if torch.is_tensor(v) else v) for k, v in dict(inputs_fn(batch, seq_len)).items()}
+def _bench_meta(config: BenchConfig, dev: torch.device, variants: list[str]) -> dict:
+    return {
+        **_environment(dev),
+        "dtype": config.dtype,
+        "warmup": config.warmup,
+        "repeats": config.repeats,
+        "order": config.order,
+        "baseline": config.label_a,
+        "variants": variants,
+        "tasks": config.tasks,
+        "batch_sizes": list(config.batch_sizes),
+        "seq_lens": list(config.seq_lens),
+        "tgt_len": config.tgt_len,
+        "new_tokens": config.new_tokens if config.generate else None,
+        "timer": "time.perf_counter wall time per call" + (" with cuda synchronize" if dev.type == "cuda" else ""),
+        "flops": "matmul FLOPs of one call, torch FlopCounterMode + CPU sdpa (prunetrain.bench.flops)"
+                 if config.flops else None,
+        "seed": config.seed,
+        "warmup_note": "the first warm-up round runs each model once under the FLOP counter and the memory "
+                       "profiler (untimed); the other warm-up rounds are plain, interleaved like the timed ones",
+    }
+
+
+@dataclass(frozen=True)
+class _Case:
+    """One measured combination: the task ("forward", "greedy", "beam4"), batch size and sequence length."""
+
+    task: str
+    batch: int
+    seq_len: int
+
+    @property
+    def generates(self) -> bool:
+        return self.task != "forward"
+
+
+def _case_inputs(model_a: nn.Module, case: _Case, config: BenchConfig, dev: torch.device) -> dict:
+    if config.inputs is not None:
+        return {k: (v.to(dev) if torch.is_tensor(v) else v) for k, v in dict(config.inputs(case.batch,
+                                                                                           case.seq_len)).items()}
+    return make_inputs(model_a, case.batch, case.seq_len, config.tgt_len, seed=config.seed, device=dev,
+                       for_generate=case.generates)
+
+
+def _case_call(model: nn.Module, case: _Case, config: BenchConfig, inputs: dict, dev: torch.device):
+    """The timed call of one model for `case`."""
+    if case.generates:
+        kwargs = {**_generate_kwargs(case.task, config.new_tokens), **_pad_token_kwargs(model)}
+
+        def run():
+            with torch.inference_mode(), _autocast(config.dtype, dev):
+                return model.generate(**inputs, **kwargs)
     else:
-        batch_inputs = make_inputs(model_a, batch, seq_len, tgt_len, seed=seed, device=dev, for_generate=gen)
+        def run():
+            with torch.inference_mode(), _autocast(config.dtype, dev):
+                return model(**inputs)
+    return run
 
-    def call(model: nn.Module) -> Callable[[], Any]:
-        if gen:
-            kwargs = {**_generate_kwargs(task, new_tokens), **_pad_token_kwargs(model)}
 
-            def run():
-                with torch.inference_mode(), _autocast(dtype, dev):
-                    out = model.generate(**batch_inputs, **kwargs)
-                return out
-        else:
-            def run():
-                with torch.inference_mode(), _autocast(dtype, dev):
-                    return model(**batch_inputs)
-        return run
-
-    fns = {label: call(m) for label, m in models.items()}
-    # The first warm-up round is the instrumented run: FLOP counter and memory profiler, one call per model (in the
-    # rotation's first order). With warmup=0 these calls happen anyway, untimed, before the timed rounds.
+def _instrumented_round(models, fns, case: _Case, config: BenchConfig, inputs: dict, dev) -> tuple[dict, dict]:
+    """The first warm-up round: FLOP counter and memory profiler, one call per model (in the rotation's first
+    order); with warmup=0 these calls happen anyway, untimed, before the timed rounds. Also checks that generation
+    produced exactly the forced number of tokens."""
     flop_counts: dict[str, int | None] = {}
     mems: dict[str, dict | None] = {}
     for label, fn in fns.items():
         outputs = []
 
-        def instrumented(fn=fn, outputs=outputs):
-            if want_flops:
+        def instrumented(fn=fn, outputs=outputs, label=label):
+            if config.flops:
                 flop_counts[label] = count_flops(lambda: outputs.append(fn())).total
             else:
                 outputs.append(fn())
 
-        if want_memory:
+        if config.memory:
             mems[label] = peak_memory(instrumented, models[label], dev)
         else:
             instrumented()
             mems[label] = None
         flop_counts.setdefault(label, None)
-        if gen:  # the forced length must really hold, otherwise tokens/s compares different work
+        if case.generates:  # the forced length must really hold, otherwise tokens/s compares different work
             out = outputs[0]
             sequences = out.sequences if hasattr(out, "sequences") else out
             seq2seq = _is_seq2seq(models[label])
-            produced = sequences.shape[-1] - (0 if seq2seq else batch_inputs["input_ids"].shape[-1])
-            expected = new_tokens + (1 if seq2seq else 0)  # a seq2seq output starts with the decoder start token
+            produced = sequences.shape[-1] - (0 if seq2seq else inputs["input_ids"].shape[-1])
+            expected = config.new_tokens + (1 if seq2seq else 0)  # a seq2seq output starts with the decoder start
             if produced != expected:
                 raise RuntimeError(f"generate: model {label!r} produced {produced} tokens per sequence, expected "
                                    f"{expected}; the benchmark needs a fixed length.")
         del outputs[:]
-    alt = alternate(fns, warmup=max(warmup - 1, 0), repeats=repeats, order=order, device=dev)
+    return flop_counts, mems
+
+
+def _bench_case(models: dict, case: _Case, config: BenchConfig, dev: torch.device, info: dict) -> list[dict]:
+    label_a = config.label_a
+    model_a = models[label_a]
+    inputs = _case_inputs(model_a, case, config, dev)
+    fns = {label: _case_call(m, case, config, inputs, dev) for label, m in models.items()}
+    flop_counts, mems = _instrumented_round(models, fns, case, config, inputs, dev)
+    alt = alternate(fns, warmup=max(config.warmup - 1, 0), repeats=config.repeats, order=config.order, device=dev)
     alt.warmup_order.insert(0, list(fns))
 
-    if gen:
-        tokens = batch * new_tokens
+    if case.generates:
+        tokens = case.batch * config.new_tokens
     else:
-        tokens = sum(int(v.numel()) for k, v in batch_inputs.items()
+        tokens = sum(int(v.numel()) for k, v in inputs.items()
                      if k in ("input_ids", "decoder_input_ids") and torch.is_tensor(v))
-        tokens = tokens or batch * seq_len
+        tokens = tokens or case.batch * case.seq_len
 
     def side(label: str) -> dict:
         s = summarize(alt.times[label])
         cpu = alt.cpu_times[label]
         return {**s, "times": alt.times[label], "tokens_per_s": tokens / s["median"],
-                "sequences_per_s": batch / s["median"], "cpu_times": cpu, "cpu_median": statistics.median(cpu),
+                "sequences_per_s": case.batch / s["median"], "cpu_times": cpu, "cpu_median": statistics.median(cpu),
                 "cpu_per_wall": statistics.median(c / w for c, w in zip(cpu, alt.times[label]))}
 
     rows = []
@@ -815,13 +877,13 @@ def _bench_case(models, label_a, task, batch, seq_len, tgt_len, inputs_fn, dtype
         rows.append({
             "variant": label,
             "baseline": label_a,
-            "task": task,
-            "batch": batch,
-            "seq_len": seq_len,
-            "tgt_len": (tgt_len or seq_len) if (not gen and _is_seq2seq(model_a)) else None,
-            "new_tokens": new_tokens if gen else None,
+            "task": case.task,
+            "batch": case.batch,
+            "seq_len": case.seq_len,
+            "tgt_len": (config.tgt_len or case.seq_len) if (not case.generates and _is_seq2seq(model_a)) else None,
+            "new_tokens": config.new_tokens if case.generates else None,
             "tokens_per_call": tokens,
-            "dtype": dtype,
+            "dtype": config.dtype,
             "a": a,
             "b": side(label),
             **cmp,
@@ -849,28 +911,17 @@ def _bench_case(models, label_a, task, batch, seq_len, tgt_len, inputs_fn, dtype
 # ----------------------------------------------------------------------------------------------------------------
 def load_model(path: str | os.PathLike, attn_implementation: str | None = None,
                device: str | torch.device | None = None) -> nn.Module:
-    """A model from a directory: `prunetrain.load_pruned` when it holds `prunetrain_layout.json`, else Hugging Face
-    `from_pretrained` with the class named in its config (`architectures[0]`, falling back to `AutoModel`)."""
-    import transformers
+    """A model from a directory (`prunetrain.engine.model_dir.load_model_dir`: checked file by file, then
+    `load_pruned` for a prunetrain layout, else the Hugging Face class its config names).
 
-    from prunetrain.engine.persist import LAYOUT_FILE, load_pruned
+    Args:
+        path: a model directory.
+        attn_implementation: attention backend (None: transformers' default).
+        device: where the model goes.
+    """
+    from prunetrain.engine.model_dir import load_model_dir
 
-    path = Path(path)
-    if not path.is_dir() or not (path / "config.json").is_file():
-        raise ValueError(f"path: {str(path)!r} is not a model directory (no config.json); expected a directory "
-                         f"written by prunetrain.save_pruned or save_pretrained.")
-    if (path / LAYOUT_FILE).is_file():
-        model = load_pruned(path)
-    else:
-        config = transformers.AutoConfig.from_pretrained(path)
-        names = getattr(config, "architectures", None) or []
-        cls = getattr(transformers, names[0], None) if names else None
-        model = (cls or transformers.AutoModel).from_pretrained(path)
-    if attn_implementation is not None:
-        model.set_attn_implementation(attn_implementation)
-    if device is not None:
-        model.to(device)
-    return model.eval()
+    return load_model_dir(path, attn_implementation=attn_implementation, device=device, argument="path")
 
 
 def run_bench(
@@ -887,6 +938,14 @@ def run_bench(
     `attn_implementation` ('sdpa', 'eager', ...) is set on both models; the other keyword arguments are those of
     `benchmark` (batch_sizes, seq_lens, dtype, generate, new_tokens, warmup, repeats, device, threads, ...).
     The result is written to `json_path` when given, and its table printed when `print_table`.
+
+    Args:
+        path_a: the original model's directory.
+        path_b: the pruned model's directory.
+        attn_implementation: attention backend for both models.
+        json_path: write the result here.
+        print_table: print the result's table.
+        **kwargs: `BenchConfig` options.
     """
     model_a = load_model(path_a, attn_implementation)
     model_b = load_model(path_b, attn_implementation)

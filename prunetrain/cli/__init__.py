@@ -1,7 +1,9 @@
 """`prunetrain` command line (typer). Every command is a thin layer over a library function.
 
-Errors in what the user gave (unknown recipe or key, wrong type, missing data, an output directory that already
-holds a run, ...) are one line on stderr and exit code 2, never a traceback (set PRUNETRAIN_DEBUG=1 to see one).
+Every input is checked before any work or any write, and errors in what the user gave (unknown recipe or key, a
+value out of range, missing or damaged files, an output directory that already holds something, ...) are one line
+on stderr naming the flag or recipe key, with exit code 2 and no traceback (`PRUNETRAIN_DEBUG=1` re-raises the
+original exception instead).
 """
 
 from __future__ import annotations
@@ -15,9 +17,13 @@ from typing import List, Optional
 
 import typer
 
+from prunetrain.utils.validate import check_choice, check_fractions, check_int
+
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
                   help="Prune attention heads during training of transformer models (Michel et al. 2019, "
                        "Voita et al. 2019).")
+TOKENIZER_HELP = "Tokenizer directory, when it is not inside the model directory (never guessed from elsewhere)."
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")
 
 
 class UserError(Exception):
@@ -27,10 +33,8 @@ class UserError(Exception):
 def _emit(result: dict, output: Optional[Path]) -> None:
     text = json.dumps(result, indent=1, default=str)
     if output is not None:
-        if output.exists() and output.is_dir():
-            raise UserError(f"--output: {str(output)!r} is a directory; give a file path for the JSON.")
-        output.parent.mkdir(parents=True, exist_ok=True)
-        tmp = output.with_suffix(output.suffix + ".tmp")
+        _check_output_file(output)
+        tmp = output.with_name(f".{output.name}.tmp")
         tmp.write_text(text)
         tmp.replace(output)
     typer.echo(text)
@@ -38,6 +42,71 @@ def _emit(result: dict, output: Optional[Path]) -> None:
 
 def _progress(message: str) -> None:
     typer.echo(message, err=True)
+
+
+# -------------------------------------------------------------------------------------------------------------------
+# checks of what the user gave, made before any work (each names its flag)
+# -------------------------------------------------------------------------------------------------------------------
+def _check_output_file(output: Path, flag: str = "--output") -> None:
+    """A file may be written at `output`: not a directory, and its directory exists."""
+    if output.is_dir():
+        raise UserError(f"{flag}: {str(output)!r} is a directory; give a file path.")
+    if not output.parent.is_dir():
+        raise UserError(f"{flag}: the directory {str(output.parent)!r} does not exist; create it first.")
+
+
+def _check_output_dir(output: Path, overwrite: bool, flag: str = "--output") -> None:
+    """A model directory may be written at `output` (empty or absent, or `--overwrite`)."""
+    if output.exists() and not output.is_dir():
+        raise UserError(f"{flag}: {str(output)!r} is a file, not a directory.")
+    if output.is_dir() and any(output.iterdir()) and not overwrite:
+        raise UserError(f"{flag}: {str(output)!r} already exists and is not empty; pass --overwrite to replace it.")
+
+
+def _check_data_dir(data_dir: Path, flag: str = "--data-dir") -> Path:
+    if not data_dir.is_dir():
+        raise UserError(f"{flag}: {str(data_dir)!r} is not a directory.")
+    return data_dir
+
+
+def _model(path: Path, argument: str = "model"):
+    from prunetrain.engine.model_dir import load_model_dir
+
+    return load_model_dir(path, argument=argument)
+
+
+def _tokenizer(model: Path, tokenizer: Optional[Path]):
+    from prunetrain.mt.translation import load_model_tokenizer
+
+    if tokenizer is not None and not (tokenizer / "tokenizer.json").is_file():
+        raise UserError(f"--tokenizer: {str(tokenizer)!r} holds no tokenizer.json.")
+    return load_model_tokenizer(model, tokenizer)
+
+
+def _fractions(text: str) -> list[float]:
+    try:
+        values = [float(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise UserError(f"--fractions: {text!r} is not a comma-separated list of numbers.") from None
+    return check_fractions("--fractions", values)
+
+
+def _ints(flag: str, text: str) -> list[int]:
+    try:
+        values = [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise UserError(f"{flag}: {text!r} is not a comma-separated list of integers.") from None
+    if not values:
+        raise UserError(f"{flag}: {text!r} holds no integer.")
+    for value in values:
+        check_int(flag, value, 1)
+    return values
+
+
+def _positive(**flags: int) -> None:
+    """Each `flag=value` (underscores spell dashes) must be an integer >= 1."""
+    for name, value in flags.items():
+        check_int("--" + name.replace("_", "-"), value, 1)
 
 
 # -------------------------------------------------------------------------------------------------------------------
@@ -49,11 +118,11 @@ def recipe(
     set_: List[str] = typer.Option([], "--set", help="Override a field: section.key=value (repeatable)."),
     data_dir: Optional[Path] = typer.Option(None, help="Parallel-text directory (train|valid|test.{de,en})."),
     output: Optional[Path] = typer.Option(None, help="Run directory (default checkpoints/<recipe>)."),
-    resume: bool = typer.Option(False, help="Continue the run in --output from its last checkpoint."),
+    resume: bool = typer.Option(False, help="Continue the unfinished run in --output (same recipe)."),
     overwrite: bool = typer.Option(False, help="Delete what --output holds and start again."),
     smoke: bool = typer.Option(False, help="The recipe's small preset: the whole pipeline in a few minutes."),
     list_: bool = typer.Option(False, "--list", help="List the available recipes."),
-    show: bool = typer.Option(False, help="Print the recipe (with overrides) as YAML and exit."),
+    show: bool = typer.Option(False, help="Validate the recipe (with overrides), print it as YAML and exit."),
 ):
     """Run a recipe end to end (e.g. `prunetrain recipe wmt-small-deen`)."""
     from prunetrain.mt.recipe import available_recipes, load_recipe, recipe_to_yaml
@@ -64,10 +133,10 @@ def recipe(
         return
     if name is None:
         raise UserError("recipe: give a recipe name (one of: " + ", ".join(available_recipes()) + ") or --list.")
-    overrides = list(set_)
-    if smoke:
-        overrides = _smoke_overrides(name) + overrides
-    config = load_recipe(name, overrides)
+    if resume and overwrite:
+        raise UserError("--resume and --overwrite: choose one (resume continues the run, overwrite deletes it).")
+    overrides = (_smoke_overrides(name) if smoke else []) + list(set_)
+    config = load_recipe(name, overrides)  # fully validated: types, ranges and cross-field rules
     if show:
         typer.echo(recipe_to_yaml(config))
         return
@@ -97,12 +166,17 @@ def recipe(
 
 
 def _smoke_overrides(name: str) -> list[str]:
-    from prunetrain.mt.recipe import RECIPES_DIR
+    from prunetrain.mt.data import read_lines
+    from prunetrain.mt.recipe import RECIPES_DIR, recipe_path
 
-    path = RECIPES_DIR / f"{Path(name).stem}.smoke"
-    if not path.is_file():
-        raise UserError(f"--smoke: recipe {name!r} has no small preset ({path.name}).")
-    return [line.strip() for line in path.read_text().splitlines() if line.strip() and not line.startswith("#")]
+    path = recipe_path(name)
+    preset = path.with_suffix(".smoke")
+    if not preset.is_file():
+        preset = RECIPES_DIR / f"{path.stem}.smoke"
+    if not preset.is_file():
+        raise UserError(f"--smoke: recipe {name!r} has no small preset ({path.stem}.smoke).")
+    lines = read_lines(preset, argument="--smoke")
+    return [line.strip() for line in lines if line.strip() and not line.lstrip().startswith("#")]
 
 
 # -------------------------------------------------------------------------------------------------------------------
@@ -118,15 +192,22 @@ def evaluate(
     batch_size: int = typer.Option(50),
     limit: Optional[int] = typer.Option(None, help="Only the first N sentences."),
     bf16: bool = typer.Option(False, help="bf16 autocast."),
+    tokenizer: Optional[Path] = typer.Option(None, help=TOKENIZER_HELP),
     output: Optional[Path] = typer.Option(None, help="Write the JSON here too."),
 ):
     """sacreBLEU (with signature) and chrF of a saved model on a parallel text directory."""
+    from prunetrain.engine.model_dir import check_model_dir
     from prunetrain.mt.translation import evaluate_directory
 
-    _positive("beams", beams)
-    _positive("batch-size", batch_size)
+    _positive(beams=beams, batch_size=batch_size, **({"limit": limit} if limit is not None else {}))
+    check_model_dir(model)
+    _check_data_dir(data_dir)
+    if output is not None:
+        _check_output_file(output)
+    if tokenizer is not None:
+        _tokenizer(model, tokenizer)
     result = evaluate_directory(model, data_dir, split, src=src, tgt=tgt, limit=limit, num_beams=beams,
-                                batch_size=batch_size, autocast_bf16=bf16)
+                                batch_size=batch_size, autocast_bf16=bf16, tokenizer_path=tokenizer)
     _emit({k: v for k, v in result.items() if k != "hypotheses"}, output)
 
 
@@ -136,55 +217,43 @@ def translate(
     input: Path = typer.Option(..., "--input", help="Source sentences, one per line ('-' for stdin)."),
     output: Optional[Path] = typer.Option(None, help="Write translations here (default stdout)."),
     beams: int = typer.Option(4), batch_size: int = typer.Option(50), bf16: bool = typer.Option(False),
+    tokenizer: Optional[Path] = typer.Option(None, help=TOKENIZER_HELP),
 ):
-    """Translate a file line by line."""
-    from prunetrain.mt.translation import _find_tokenizer_dir, load_translation_model, translate as run_translate
-    from prunetrain.mt.data import load_tokenizer
+    """Translate a file line by line: line i of the output is the translation of line i of the input (lines end at
+    `\\n` only; a line break inside a translation becomes a space)."""
+    from prunetrain.mt.data import decode_utf8, format_lines, read_lines, split_lines, write_lines
+    from prunetrain.engine.model_dir import check_model_dir
+    from prunetrain.mt.translation import translate as run_translate
 
-    _positive("beams", beams)
-    lines = sys.stdin.read().splitlines() if str(input) == "-" else _read_text(input)
-    net = load_translation_model(model)
-    tokenizer = load_tokenizer(_find_tokenizer_dir(Path(model)))
-    hypotheses = run_translate(net, tokenizer, lines, batch_size=batch_size, num_beams=beams, autocast_bf16=bf16)
-    text = "\n".join(hypotheses) + "\n"
-    if output is None:
-        typer.echo(text, nl=False)
+    _positive(beams=beams, batch_size=batch_size)
+    check_model_dir(model)
+    if output is not None:
+        _check_output_file(output)
+    if str(input) == "-":
+        lines = split_lines(decode_utf8(sys.stdin.buffer.read(), "--input: stdin"))
     else:
-        output.write_text(text)
-
-
-def _read_text(path: Path) -> list[str]:
-    if not path.is_file():
-        raise UserError(f"--input: {str(path)!r} is not a file.")
-    try:
-        return path.read_text(encoding="utf-8").splitlines()
-    except UnicodeDecodeError as err:
-        raise UserError(f"--input: {str(path)!r} is not UTF-8 text (byte {err.start}).") from None
+        lines = read_lines(input, argument="--input")
+    tok = _tokenizer(model, tokenizer)
+    hypotheses = []
+    if lines:
+        net = _model(model)
+        hypotheses = run_translate(net, tok, lines, batch_size=batch_size, num_beams=beams, autocast_bf16=bf16)
+    hypotheses = [h.replace("\r", " ").replace("\n", " ") for h in hypotheses]  # one output line per input line
+    if output is None:
+        sys.stdout.write(format_lines(hypotheses))
+        sys.stdout.flush()
+    else:
+        write_lines(output, hypotheses)
 
 
 # -------------------------------------------------------------------------------------------------------------------
 # the head engine and importance on saved models
 # -------------------------------------------------------------------------------------------------------------------
-def _load_any(model: Path):
-    from prunetrain.engine.persist import LAYOUT_FILE, load_pruned
+def _translation_batches(model_dir: Path, tokenizer_dir: Optional[Path], data_dir: Path, split: str,
+                         num_batches: int, batch_size: int, net):
+    from prunetrain.mt.data import build_dataset, collate_batches, make_collator, read_parallel
 
-    if not (model / "config.json").is_file():
-        raise UserError(f"model: {str(model)!r} is not a saved model directory (no config.json).")
-    if (model / LAYOUT_FILE).is_file():
-        return load_pruned(model)
-    from transformers import AutoConfig
-    import transformers
-
-    config = AutoConfig.from_pretrained(model, local_files_only=True)
-    cls = getattr(transformers, (config.architectures or ["AutoModel"])[0])
-    return cls.from_pretrained(model, local_files_only=True).eval()
-
-
-def _translation_batches(model_dir: Path, data_dir: Path, split: str, num_batches: int, batch_size: int, net):
-    from prunetrain.mt.data import build_dataset, collate_batches, load_tokenizer, make_collator, read_parallel
-    from prunetrain.mt.translation import _find_tokenizer_dir
-
-    tokenizer = load_tokenizer(_find_tokenizer_dir(model_dir))
+    tokenizer = _tokenizer(model_dir, tokenizer_dir)
     pairs = read_parallel(data_dir, split, limit=num_batches * batch_size)
     dataset = build_dataset(pairs, tokenizer)
     batches = collate_batches(dataset, make_collator(tokenizer, net), batch_size)
@@ -198,17 +267,21 @@ def importance(
     split: str = typer.Option("valid"),
     num_batches: int = typer.Option(8), batch_size: int = typer.Option(64),
     scorer: str = typer.Option("gradient", help="gradient | ablation | confidence | random"),
+    tokenizer: Optional[Path] = typer.Option(None, help=TOKENIZER_HELP),
     output: Optional[Path] = typer.Option(None, help="Write the scores JSON here."),
 ):
     """Head importance (Michel et al. 2019 by default) of a saved translation model on a data split."""
-    from prunetrain.methods.importance import get_scorer
+    from prunetrain.methods.importance import SCORERS, get_scorer
 
-    _positive("num-batches", num_batches)
-    _positive("batch-size", batch_size)
-    net = _load_any(model)
-    _, _, batches = _translation_batches(model, data_dir, split, num_batches, batch_size, net)
-    scores = get_scorer(scorer)(net, batches)
-    _emit(scores.to_dict(), output)
+    _positive(num_batches=num_batches, batch_size=batch_size)
+    check_choice("--scorer", scorer, tuple(SCORERS))
+    _check_data_dir(data_dir)
+    if output is not None:
+        _check_output_file(output)
+    score = get_scorer(scorer)
+    net = _model(model)
+    _, _, batches = _translation_batches(model, tokenizer, data_dir, split, num_batches, batch_size, net)
+    _emit(score(net, batches).to_dict(), output)
 
 
 @app.command()
@@ -222,24 +295,38 @@ def prune(
     num_batches: int = typer.Option(8), batch_size: int = typer.Option(64),
     scope: str = typer.Option("global", help="global | layer | kind"),
     min_heads_per_layer: int = typer.Option(1),
-    overwrite: bool = typer.Option(False),
+    tokenizer: Optional[Path] = typer.Option(None, help=TOKENIZER_HELP),
+    overwrite: bool = typer.Option(False, help="Replace --output if it holds files (it may be the model itself)."),
 ):
     """Prune the least important heads of a saved model and save it shrunk (with its tokenizer)."""
+    from prunetrain.engine.shrink import shrink as do_shrink
     from prunetrain.methods.importance import head_importance
     from prunetrain.methods.selection import select_heads
-    from prunetrain.engine.shrink import shrink as do_shrink
     from prunetrain.mt.translation import save_translation_model
+    from prunetrain.utils.validate import check_amount
 
-    net = _load_any(model)
-    tokenizer, _, batches = _translation_batches(model, data_dir, split, num_batches, batch_size, net)
-    value = int(amount) if count else amount
-    if count and value != amount:
-        raise UserError(f"--amount: {amount} is not a whole number of heads (with --count).")
+    _positive(num_batches=num_batches, batch_size=batch_size)
+    check_int("--min-heads-per-layer", min_heads_per_layer, 0)
+    check_choice("--scope", scope, ("global", "layer", "kind"))
+    value = _amount(amount, count)
+    check_amount("--amount", value)
+    _check_data_dir(data_dir)
+    _check_output_dir(output, overwrite)
+    net = _model(model)
+    tok, _, batches = _translation_batches(model, tokenizer, data_dir, split, num_batches, batch_size, net)
     mask = select_heads(head_importance(net, batches), value, scope=scope, min_heads_per_layer=min_heads_per_layer)
     layout = do_shrink(net, mask)
-    save_translation_model(net, tokenizer, output, overwrite=overwrite)
+    save_translation_model(net, tok, output, overwrite=True)  # staged and renamed: safe when output == model
     mask.to_json(Path(output) / "mask.json")
     _emit({"output": str(output), "heads_kept": layout.total_heads, "per_kind": layout.heads_per_kind()}, None)
+
+
+def _amount(amount: float, count: bool) -> int | float:
+    if not count:
+        return amount
+    if amount != int(amount) or amount < 0:
+        raise UserError(f"--amount: {amount:g} is not a whole number of heads >= 0 (with --count).")
+    return int(amount)
 
 
 @app.command()
@@ -247,22 +334,29 @@ def shrink(
     model: Path = typer.Argument(..., help="A saved model directory."),
     mask: Path = typer.Option(..., help="HeadMask JSON (site -> keep list), e.g. from prune or a callback."),
     output: Path = typer.Option(..., help="Directory for the shrunk model."),
-    overwrite: bool = typer.Option(False),
+    overwrite: bool = typer.Option(False, help="Replace --output if it holds files (it may be the model itself)."),
 ):
     """Physically remove the heads a mask zeroes and save the result (tokenizer copied along if present)."""
     from prunetrain.engine.mask import HeadMask
     from prunetrain.engine.persist import save_pruned
     from prunetrain.engine.shrink import shrink as do_shrink
+    from prunetrain.engine.model_dir import check_model_dir
 
-    net = _load_any(model)
+    check_model_dir(model)
     if not mask.is_file():
         raise UserError(f"--mask: {str(mask)!r} is not a file.")
+    _check_output_dir(output, overwrite)
+    try:
+        json.loads(mask.read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as err:
+        raise UserError(f"--mask: {str(mask)!r} is not valid JSON ({err.__class__.__name__}).") from err
+    tokenizer_files = {name: (model / name).read_bytes() for name in TOKENIZER_FILES if (model / name).is_file()}
+    net = _model(model)
     keep = HeadMask.from_json(mask, net)
     layout = do_shrink(net, keep)
-    save_pruned(net, output, overwrite=overwrite)
-    for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"):
-        if (model / name).is_file():
-            (Path(output) / name).write_bytes((model / name).read_bytes())
+    save_pruned(net, output, overwrite=True)  # staged and renamed; the tokenizer was read before (output may be model)
+    for name, data in tokenizer_files.items():
+        (Path(output) / name).write_bytes(data)
     _emit({"output": str(output), "heads_kept": layout.total_heads, "per_kind": layout.heads_per_kind()}, None)
 
 
@@ -276,73 +370,28 @@ def curve(
     order: str = typer.Option("importance", help="importance | random"),
     iterative: bool = typer.Option(False), beams: int = typer.Option(1), batch_size: int = typer.Option(100),
     bf16: bool = typer.Option(False), num_batches: int = typer.Option(8),
+    tokenizer: Optional[Path] = typer.Option(None, help=TOKENIZER_HELP),
     output: Optional[Path] = typer.Option(None),
 ):
     """BLEU of the model with 0…90 % of its heads masked (importance or random order)."""
-    from prunetrain.methods.curve import bleu_metric, pruning_curve
+    from prunetrain.methods.curve import ORDERS, pruning_curve
     from prunetrain.mt.data import read_parallel
+    from prunetrain.mt.metrics import bleu_metric
 
+    _positive(sentences=sentences, beams=beams, batch_size=batch_size, num_batches=num_batches)
+    check_choice("--order", order, ORDERS)
     grid = _fractions(fractions)
-    net = _load_any(model)
-    tokenizer, _, batches = _translation_batches(model, data_dir, "train" if split == "valid" else split,
-                                                 num_batches, 64, net)
+    _check_data_dir(data_dir)
+    if output is not None:
+        _check_output_file(output)
+    net = _model(model)
+    tok, _, batches = _translation_batches(model, tokenizer, data_dir, "train" if split == "valid" else split,
+                                           num_batches, 64, net)
     pairs = read_parallel(data_dir, split, limit=sentences)
-    result = pruning_curve(net, bleu_metric(tokenizer, pairs, batch_size=batch_size, num_beams=beams,
-                                            autocast_bf16=bf16),
+    result = pruning_curve(net, bleu_metric(tok, pairs, batch_size=batch_size, num_beams=beams, autocast_bf16=bf16),
                            fractions=grid, batches=batches, order=order, iterative=iterative, key="bleu",
                            metric_name="bleu")
     _emit(result.to_dict(), output)
-
-
-STUDIES = ("ablate", "one-head", "cross-dataset", "curves")
-
-
-@app.command()
-def study(
-    name: str = typer.Argument(..., help="ablate | one-head | cross-dataset | curves (Michel et al. 2019 §3-5)."),
-    model: Path = typer.Argument(..., help="A saved translation model directory (with its tokenizer)."),
-    data_dir: Path = typer.Option(..., help="Parallel-text directory."),
-    split: str = typer.Option("valid", help="Split the metric is computed on."),
-    other_data_dir: Optional[Path] = typer.Option(None, help="cross-dataset: the second dataset's directory."),
-    other_split: str = typer.Option("test", help="cross-dataset: the second dataset's split."),
-    sentences: int = typer.Option(200, help="Sentences for BLEU (ablation evaluates once per head)."),
-    beams: int = typer.Option(1), batch_size: int = typer.Option(100), num_batches: int = typer.Option(8),
-    seeds: int = typer.Option(3, help="curves: random-order seeds."),
-    fractions: str = typer.Option("0,0.1,0.2,0.3,0.4,0.5,0.6,0.7,0.8,0.9", help="curves: comma-separated fractions."),
-    output: Path = typer.Option(Path("study"), help="Directory for JSON and PNG results."),
-):
-    """Run one of the paper's studies on a saved translation model; writes JSON + PNG into --output."""
-    from prunetrain.methods import studies
-    from prunetrain.methods.curve import bleu_metric
-    from prunetrain.mt.data import read_parallel
-    from prunetrain.methods.importance import head_importance
-
-    if name not in STUDIES:
-        raise UserError(f"study: {name!r} is not one of {', '.join(STUDIES)}.")
-    _positive("sentences", sentences)
-    net = _load_any(model)
-    tokenizer, _, batches = _translation_batches(model, data_dir, "train", num_batches, 64, net)
-    pairs = read_parallel(data_dir, split, limit=sentences)
-    metric = bleu_metric(tokenizer, pairs, batch_size=batch_size, num_beams=beams)
-    if name == "ablate":
-        result = studies.ablate_each_head(net, metric, key="bleu", out_dir=output, progress=_progress)
-    elif name == "one-head":
-        result = studies.keep_one_head_per_layer(net, metric, key="bleu", out_dir=output, progress=_progress)
-    elif name == "cross-dataset":
-        if other_data_dir is None:
-            raise UserError("--other-data-dir: cross-dataset needs a second dataset directory.")
-        _, _, other = _translation_batches(model, other_data_dir, other_split, num_batches, 64, net)
-        _, _, first = _translation_batches(model, data_dir, split, num_batches, 64, net)
-        result = studies.cross_dataset(head_importance(net, first), head_importance(net, other),
-                                       names=(f"{data_dir.name}/{split}", f"{other_data_dir.name}/{other_split}"),
-                                       out_dir=output)
-        result = {k: v for k, v in result.items() if k not in ("scores_a", "scores_b")}
-    else:
-        result = studies.pruning_curves_study(net, metric, batches, key="bleu", random_seeds=range(seeds),
-                                              fractions=_fractions(fractions), out_dir=output, progress=_progress)
-        result = {"seconds_per_point": result["seconds_per_point"],
-                  "curves": {k: v["points"][-1] for k, v in result["curves"].items()}}
-    _emit({"study": name, "output": str(output), **{k: v for k, v in result.items() if k != "heads"}}, None)
 
 
 @app.command()
@@ -357,49 +406,48 @@ def bench(
 ):
     """A/B latency and throughput of two saved models (alternating runs), with FLOP-ideal speedups."""
     from prunetrain.bench import run_bench
+    from prunetrain.bench.runner import DTYPES, GENERATE_MODES
+    from prunetrain.engine.model_dir import check_model_dir
 
-    result = run_bench(model_a, model_b, batch_sizes=_ints("batch-sizes", batch_sizes),
-                       seq_lens=_ints("seq-lens", seq_lens), dtype=dtype,
-                       generate=[g for g in generate.split(",") if g] or None, repeats=repeats, warmup=warmup,
-                       json_path=output)
+    sizes, lens = _ints("--batch-sizes", batch_sizes), _ints("--seq-lens", seq_lens)
+    check_choice("--dtype", dtype, DTYPES)
+    modes = [g.strip() for g in generate.split(",") if g.strip()]
+    for mode in modes:
+        check_choice("--generate", mode, GENERATE_MODES)
+    _positive(repeats=repeats)
+    check_int("--warmup", warmup, 0)
+    check_model_dir(model_a, "model_a")
+    check_model_dir(model_b, "model_b")
+    if output is not None:
+        _check_output_file(output)
+    result = run_bench(model_a, model_b, batch_sizes=sizes, seq_lens=lens, dtype=dtype, generate=modes or None,
+                       repeats=repeats, warmup=warmup, json_path=output)
     typer.echo(result.table())
 
 
-def _fractions(text: str) -> list[float]:
-    try:
-        return [float(x) for x in text.split(",") if x.strip()]
-    except ValueError:
-        raise UserError(f"--fractions: {text!r} is not a comma-separated list of numbers.") from None
-
-
-def _ints(argument: str, text: str) -> list[int]:
-    try:
-        return [int(x) for x in text.split(",") if x.strip()]
-    except ValueError:
-        raise UserError(f"--{argument}: {text!r} is not a comma-separated list of integers.") from None
-
-
-def _positive(argument: str, value: int) -> None:
-    if value < 1:
-        raise UserError(f"--{argument}: {value} must be >= 1.")
+def _one_line(err: BaseException) -> str:
+    message = err.args[0] if isinstance(err, KeyError) and err.args else str(err)
+    return " ".join(str(message).split()) or type(err).__name__
 
 
 def main() -> None:
     """Entry point: usage errors are typer's (exit code 2, with usage); errors in what the user gave become one
-    line on stderr and exit code 2."""
+    line on stderr and exit code 2 (`PRUNETRAIN_DEBUG=1`: the original exception and its traceback instead)."""
     debug = os.environ.get("PRUNETRAIN_DEBUG") == "1"
     from prunetrain.utils import progress
 
     progress.enable()  # bars on stderr when it is a terminal (or PRUNETRAIN_PROGRESS=1)
     try:
         app()
-    except (UserError, ValueError, TypeError, KeyError, FileNotFoundError) as err:
+    except (UserError, ValueError, TypeError, KeyError, OSError) as err:
         if debug:
             raise
-        message = err.args[0] if isinstance(err, KeyError) and err.args else str(err)
-        typer.echo(f"prunetrain: error: {message}", err=True)
+        typer.echo(f"prunetrain: error: {_one_line(err)}", err=True)
         sys.exit(2)
 
+
+from prunetrain.cli import export as _export  # noqa: E402,F401  (registers `prunetrain export`)
+from prunetrain.cli import study as _study  # noqa: E402,F401  (registers `prunetrain study ...`)
 
 if __name__ == "__main__":  # pragma: no cover
     main()

@@ -37,7 +37,9 @@ class HeadSite:
     num_kv_heads: number of key/value heads (equal to num_heads unless the model uses grouped-query attention).
     heads:       original indices of the query heads held now (range(num_heads) before any shrink).
     original_num_heads: number of query heads the site had when the model was built.
-    group_size:  query heads per key/value head (1 without grouped-query attention); fixed by the architecture.
+    group_size:  query heads that share a key/value head and so are removed together: num_heads / num_kv_heads under
+                 grouped-query attention, 1 without it, and 1 with a single key/value head (multi-query attention,
+                 or a GQA site shrunk to one group), whose query heads can go one by one.
     """
 
     name: str
@@ -149,17 +151,33 @@ def attention_sites(model: nn.Module) -> list[AttentionSite]:
 
     model = unwrap_model(model)
     adapter = adapter_for(model)
-    return adapter.sites(model)
+    return _nonempty(model, adapter, adapter.sites(model))
+
+
+def _nonempty(model: nn.Module, adapter, sites: list[AttentionSite]) -> list[AttentionSite]:
+    """A supported model in which the adapter finds no site means its modules were renamed: fail loudly."""
+    if not sites:
+        raise ValueError(
+            f"model: {type(model).__name__} (model_type={model.config.model_type!r}) is handled by adapter "
+            f"{adapter.name!r}, but none of its modules matches the adapter's attention classes; the installed "
+            f"transformers has probably renamed them, so the adapter must be updated (nothing would be pruned).")
+    return sites
 
 
 def find_heads(model: nn.Module) -> HeadLayout:
     """Every multi-head attention site of a transformers model, as a `HeadLayout`.
 
-    Supported families: BERT, RoBERTa, Marian, BART, T5, GPT-2 and Llama-style models with grouped-query attention
-    (Llama, Qwen2, Mistral). The result does not depend on the attention backend (eager, sdpa, flex).
+    The supported model types are `prunetrain.supported_model_types()` (the README lists them, generated from
+    `prunetrain.zoo`). The result does not depend on the attention backend (eager, sdpa, flex).
+
+    Args:
+        model: a transformers model (or a DDP / accelerate wrapper around one).
+
+    Raises:
+        ValueError: for an unsupported `model_type`, or a supported one in which no attention site is found.
     """
     from prunetrain.engine.families import adapter_for
 
     model = unwrap_model(model)
     adapter = adapter_for(model)
-    return HeadLayout(family=adapter.name, sites=tuple(s.info for s in adapter.sites(model)))
+    return HeadLayout(family=adapter.name, sites=tuple(s.info for s in _nonempty(model, adapter, adapter.sites(model))))

@@ -12,10 +12,12 @@ sdpa, flex) because it acts after attention. With `requires_grad_()` the keep va
 
 from __future__ import annotations
 
+import contextlib
 import json
+import numbers
 import weakref
 from pathlib import Path
-from typing import Iterable, Mapping
+from typing import Iterable, Iterator, Mapping
 
 import torch
 from torch import nn
@@ -81,20 +83,32 @@ class HeadMask:
     def __setitem__(self, name: str, keep) -> None:
         self._check_site(name)
         expected = self.layout[name].num_heads
-        tensor = torch.as_tensor(keep, dtype=torch.float32).detach().clone().reshape(-1)
+        tensor = _keep_tensor(f"mask[{name!r}]", keep)
         if tensor.numel() != expected:
             raise ValueError(f"mask[{name!r}]: got {tensor.numel()} keep values, but this site has {expected} heads.")
         _check_range(f"mask[{name!r}]", tensor)
         self._values[name].data.copy_(tensor)
 
     def set(self, name: str, head: int, value: float) -> None:
+        """Set the keep value of one head.
+
+        Args:
+            name: site name.
+            head: position of the head within the site (an integer; bools are refused).
+            value: keep value in [0, 1] (a real number; strings and bools are refused).
+        """
         self._check_site(name)
         n = self.layout[name].num_heads
+        head, value = _scalar(head), _scalar(value)
+        if isinstance(head, bool) or not isinstance(head, numbers.Integral):
+            raise ValueError(f"head: {head!r} is not a head index; use an integer in 0..{n - 1}.")
         if not 0 <= head < n:
             raise ValueError(f"head: {head} is out of range for site {name!r}, which has heads 0..{n - 1}.")
+        if isinstance(value, bool) or not isinstance(value, numbers.Real):
+            raise ValueError(f"value: {value!r} is not a keep value; use a number in [0, 1].")
         _check_range(f"value for {name!r} head {head}", torch.tensor([float(value)]))
         with torch.no_grad():
-            self._values[name][head] = float(value)
+            self._values[name][int(head)] = float(value)
 
     def items(self):
         return self._values.items()
@@ -176,20 +190,24 @@ class HeadMask:
                 masks.remove(self)
         self._model_ref = None
 
-    def applied(self, model: nn.Module) -> "HeadMask":
-        """Context manager form: `with mask.applied(model): ...` attaches, and detaches on exit."""
-        self._pending_model = model
-        return self
+    @contextlib.contextmanager
+    def applied(self, model: nn.Module) -> Iterator["HeadMask"]:
+        """Context manager: `with mask.applied(model): ...` attaches the mask and detaches it on exit.
 
-    def __enter__(self) -> "HeadMask":
-        model = getattr(self, "_pending_model", None)
-        if model is None:
-            raise RuntimeError("use `with mask.applied(model):` to attach a HeadMask in a with-block.")
-        self._pending_model = None
-        return self.attach(model)
+        Re-entrant: inside a block that already applies this mask to the same model, a nested `applied` changes
+        nothing and the outer block detaches. (A mask that `shrink` consumed inside the block is already detached.)
 
-    def __exit__(self, *exc) -> None:
-        self.detach()
+        Args:
+            model: the model to attach to (DDP / accelerate wrappers are unwrapped).
+        """
+        already = self.attached and self._model_ref is unwrap_model(model)
+        if not already:
+            self.attach(model)
+        try:
+            yield self
+        finally:
+            if not already and self.attached:
+                self.detach()
 
     def check_matches(self, model_or_sites) -> None:
         """Raise `ValueError` unless this mask was built for the same sites and head counts as the model."""
@@ -258,6 +276,22 @@ class HeadMask:
         if name not in self.layout:
             raise ValueError(f"site: unknown site {name!r}; valid sites are: {', '.join(map(repr, self.layout.names[:4]))}"
                              f"{', ...' if len(self.layout) > 4 else ''}.")
+
+
+def _scalar(x):
+    """A 0-dim tensor as the Python number it holds (`.item()`: a bool tensor gives a bool); anything else as is."""
+    return x.item() if torch.is_tensor(x) and x.dim() == 0 else x
+
+
+def _keep_tensor(what: str, keep) -> torch.Tensor:
+    """Keep values as a flat float32 tensor; strings and other non-numbers are a ValueError."""
+    if isinstance(keep, (str, bytes)) or (isinstance(keep, (list, tuple))
+                                          and any(isinstance(x, (str, bytes)) for x in keep)):
+        raise ValueError(f"{what}: keep values must be numbers in [0, 1], got {keep!r}.")
+    try:
+        return torch.as_tensor(keep, dtype=torch.float32).detach().clone().reshape(-1)
+    except (TypeError, ValueError, RuntimeError):
+        raise ValueError(f"{what}: keep values must be numbers in [0, 1], got {keep!r}.") from None
 
 
 def _check_range(what: str, tensor: torch.Tensor) -> None:

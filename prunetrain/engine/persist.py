@@ -3,7 +3,10 @@
 A pruned model directory holds what `save_pretrained` writes (`config.json`, `model.safetensors`, maybe
 `generation_config.json`) and `prunetrain_layout.json` (the `HeadLayout`). The config keeps its original head
 counts and records, under `prunetrain_heads`, which original heads each shrunk site holds; `load_pruned` builds
-the model from the config, shrinks it to that layout and loads the tensors. No pickles are read or written.
+the model from the config, shrinks it to that layout (checked against the layout file and the tensors' shapes
+first) and loads the tensors with transformers' own loader. A shrunk model's directory is also self-contained
+(`modeling_prunetrain.py` + `auto_map`, and a guard that makes a plain `from_pretrained` refuse it; see
+`prunetrain.engine.remote_code` and docs/export.md). No pickles are read or written.
 """
 
 from __future__ import annotations
@@ -15,11 +18,10 @@ import tempfile
 from pathlib import Path
 
 import torch
-from safetensors.torch import load_file
 from torch import nn
 
 from prunetrain.engine.heads import LAYOUT_CONFIG_KEY, HeadLayout, find_heads, unwrap_model
-from prunetrain.engine.mask import HeadMask
+from prunetrain.engine.mask import HeadMask, attached_masks
 from prunetrain.engine.shrink import shrink
 
 LAYOUT_FILE = "prunetrain_layout.json"
@@ -28,11 +30,25 @@ LAYOUT_FILE = "prunetrain_layout.json"
 def save_pruned(model: nn.Module, path: str | os.PathLike, overwrite: bool = False) -> Path:
     """Write `model` (pruned or not) to directory `path`: HF config + safetensors + `prunetrain_layout.json`.
 
-    The directory is written next to its destination and renamed into place, so a failure leaves nothing
-    half-written. An existing non-empty `path` is an error unless `overwrite=True`.
+    A shrunk model's directory is self-contained: it also holds `modeling_prunetrain.py` (torch + transformers
+    only), registered in `config.json` under `auto_map`, so `AutoModelFor....from_pretrained(path,
+    trust_remote_code=True)` loads it where prunetrain is not installed, and a plain `from_pretrained` refuses it
+    (see `prunetrain.engine.remote_code`). The directory is written next to its destination and renamed into
+    place, so a failure leaves nothing half-written. An existing non-empty `path` is an error unless
+    `overwrite=True`.
+
+    Args:
+        model: the model (a DDP/FSDP-style `.module` wrapper is unwrapped); an attached HeadMask that is not all
+            ones is an error (its hooks are not saved; shrink with it first).
+        path: the directory to write.
+        overwrite: replace an existing non-empty `path`.
     """
     model = unwrap_model(model)
     path = Path(path)
+    for mask in attached_masks(model):
+        if any(bool((values != 1).any()) for values in mask.values()):
+            raise ValueError("model: an attached HeadMask removes or scales heads, and masks are not saved; shrink "
+                             "the model with it first (prunetrain.shrink(model, mask)) or detach it.")
     if path.exists() and (not path.is_dir() or any(path.iterdir())) and not overwrite:
         raise ValueError(f"path: {str(path)!r} already exists and is not empty; pass overwrite=True to replace it.")
     layout = find_heads(model)
@@ -41,6 +57,9 @@ def save_pruned(model: nn.Module, path: str | os.PathLike, overwrite: bool = Fal
     try:
         model.save_pretrained(staging)
         (staging / LAYOUT_FILE).write_text(layout.to_json())
+        from prunetrain.engine.remote_code import write_remote_code
+
+        write_remote_code(staging, model)
         if path.exists():
             shutil.rmtree(path) if path.is_dir() else path.unlink()
         staging.rename(path)
@@ -50,19 +69,43 @@ def save_pruned(model: nn.Module, path: str | os.PathLike, overwrite: bool = Fal
     return path
 
 
-def _read_tensors(path: Path) -> dict[str, torch.Tensor]:
-    single = path / "model.safetensors"
-    if single.exists():
-        return load_file(single)
-    index = path / "model.safetensors.index.json"
-    if index.exists():
-        shards = sorted(set(json.loads(index.read_text())["weight_map"].values()))
-        tensors: dict[str, torch.Tensor] = {}
-        for shard in shards:
-            tensors.update(load_file(path / shard))
-        return tensors
-    raise ValueError(f"path: {str(path)!r} has no model.safetensors (or safetensors index); it is not a model "
-                     f"saved by prunetrain.save_pruned.")
+def shrink_to_layout(model: nn.Module, layout_or_config) -> HeadLayout:
+    """Shrink `model` so each site holds exactly the original heads a recorded layout names (in place).
+
+    The one way to rebuild a recorded shape: `load_pruned`, resuming a run that shrank mid-training, and building a
+    fresh model with a pruned model's heads all use it. Sites the record does not name are left as they are; a model
+    already shrunk part of the way is shrunk the rest of the way.
+
+    Args:
+        model: the model (a DDP/FSDP-style `.module` wrapper is unwrapped).
+        layout_or_config: a `HeadLayout`, a mapping {site name: original heads kept}, a config (object or dict)
+            holding that mapping under `prunetrain_heads`, or None (nothing to do).
+
+    Returns:
+        The model's head layout afterwards.
+    """
+    net = unwrap_model(model)
+    recorded = layout_or_config
+    if isinstance(recorded, HeadLayout):
+        recorded = {site.name: list(site.heads) for site in recorded}
+    elif recorded is not None and not isinstance(recorded, dict):
+        recorded = getattr(recorded, LAYOUT_CONFIG_KEY, None)
+    elif isinstance(recorded, dict) and LAYOUT_CONFIG_KEY in recorded:
+        recorded = recorded[LAYOUT_CONFIG_KEY]
+    layout = find_heads(net)
+    remove = {}
+    for name, kept in (recorded or {}).items():
+        if name not in layout:
+            raise ValueError(f"layout: site {name!r} is not in this model; its sites are "
+                             f"{', '.join(layout.names[:4])}, ...")
+        kept = {int(h) for h in kept}
+        missing = kept - set(layout[name].heads)
+        if missing:
+            raise ValueError(f"layout: site {name!r} keeps heads {sorted(missing)} that the model no longer has.")
+        remove[name] = [i for i, head in enumerate(layout[name].heads) if head not in kept]
+    if any(remove.values()):
+        shrink(net, HeadMask.from_heads(net, remove))
+    return find_heads(net)
 
 
 def load_pruned(
@@ -70,18 +113,24 @@ def load_pruned(
 ) -> nn.Module:
     """Rebuild a model saved by `save_pruned`, with exactly its per-site heads and weights (in eval mode).
 
-    `attn_implementation` ("eager", "sdpa", "flex_attention", ...) chooses the attention backend as in
-    `from_pretrained`; by default transformers picks (sdpa on CPU).
+    Refused with one sentence: recorded head indices outside a site's heads, a layout file that differs from the
+    config's record, tensors whose shapes do not fit the recorded layout (naming the site, tensor and shapes), and
+    missing or unexpected tensors.
+
+    Args:
+        path: a directory written by `save_pruned`.
+        device: move the model there (default: the CPU).
+        attn_implementation: "eager", "sdpa", "flex_attention", ... as in `from_pretrained`; by default
+            transformers picks (sdpa on CPU).
     """
     import transformers
-    from transformers import AutoConfig, GenerationConfig
 
     path = Path(path)
     if not (path / LAYOUT_FILE).is_file() or not (path / "config.json").is_file():
         raise ValueError(f"path: {str(path)!r} is not a pruned model directory (expected config.json and "
                          f"{LAYOUT_FILE}, as written by prunetrain.save_pruned).")
     saved_layout = HeadLayout.from_dict(json.loads((path / LAYOUT_FILE).read_text()))
-    config = AutoConfig.from_pretrained(path)
+    config = read_config(path)
     recorded = getattr(config, LAYOUT_CONFIG_KEY, None) or {}
     if hasattr(config, LAYOUT_CONFIG_KEY):
         delattr(config, LAYOUT_CONFIG_KEY)
@@ -89,39 +138,128 @@ def load_pruned(
     model_cls = getattr(transformers, architectures[0], None) if architectures else None
     if model_cls is None:
         raise ValueError(f"path: config.json in {str(path)!r} names no loadable architecture ({architectures!r}).")
-    if attn_implementation is not None:
-        config._attn_implementation = attn_implementation
-    model = model_cls(config)
-
-    full = find_heads(model)
-    remove = {name: [h for h in range(full[name].num_heads) if h not in set(kept)] for name, kept in recorded.items()}
-    shrink(model, HeadMask.from_heads(model, remove))
-    if find_heads(model).to_dict() != saved_layout.to_dict():
+    with torch.device("meta"):  # the recorded shapes, checked before any weight is read
+        probe = model_cls(config)
+    _check_recorded(path, find_heads(probe), recorded)
+    with torch.device("cpu"):
+        probe_layout = shrink_to_layout(probe, recorded)
+    if probe_layout.to_dict() != saved_layout.to_dict():
         raise ValueError(f"path: the head layout in {LAYOUT_FILE} does not match the one recorded in config.json.")
+    _check_shapes(path, probe, _saved_shapes(path), saved_layout)
+    del probe
+    if hasattr(config, LAYOUT_CONFIG_KEY):
+        delattr(config, LAYOUT_CONFIG_KEY)
 
-    tensors = _read_tensors(path)
-    floating = [t.dtype for t in tensors.values() if t.is_floating_point()]
-    if floating:
-        model.to(floating[0])
-    missing, unexpected = model.load_state_dict(tensors, strict=False)
-    if unexpected:
-        raise ValueError(f"path: {str(path)!r} holds tensors this model does not have: {unexpected[:3]}.")
-    state = model.state_dict()
-    loaded = {state[k].data_ptr() for k in tensors}
-    not_saved = set(getattr(model, "_keys_to_ignore_on_save", None) or ())  # e.g. Marian's sinusoidal positions
-    not_saved |= set(getattr(model, "_keys_to_ignore_on_load_missing", None) or ())
-    untied = [k for k in missing if state[k].data_ptr() not in loaded and not _matches_any(k, not_saved)]
-    if untied:
-        raise ValueError(f"path: {str(path)!r} lacks tensors for {untied[:3]}.")
-    if (path / "generation_config.json").is_file():
-        model.generation_config = GenerationConfig.from_pretrained(path)
+    # transformers' own loader (it converts checkpoint key formats, e.g. fused MoE experts), on a class whose
+    # constructor shrinks the freshly built model to the recorded layout before the weights are loaded
+    loader = type(model_cls.__name__, (model_cls,), {"__init__": _shrinking_init(recorded),
+                                                     "__module__": model_cls.__module__})
+    kwargs = {} if attn_implementation is None else {"attn_implementation": attn_implementation}
+    model, info = _quiet_from_pretrained(loader, path, config=config, output_loading_info=True, **kwargs)
+    model.__class__ = model_cls
+    problems = {k: v for k, v in info.items() if v and k in ("missing_keys", "unexpected_keys", "mismatched_keys",
+                                                                "error_msgs")}
+    if problems:
+        kind, keys = next(iter(problems.items()))
+        raise ValueError(f"path: {str(path)!r} does not fit its recorded layout ({kind.replace('_', ' ')}: "
+                         f"{sorted(map(str, keys))[:3]}).")
     if device is not None:
         model.to(device)
     return model.eval()
 
 
-def _matches_any(key: str, patterns: set[str]) -> bool:
-    """HF lists keys it does not save as names or regular expressions."""
-    import re
+def _quiet_from_pretrained(cls, path, **kwargs):
+    """`cls.from_pretrained` without transformers' progress bar (prunetrain's commands keep stderr for one-line
+    errors and their own progress)."""
+    from transformers.utils import logging as hf_logging
 
-    return any(key == p or re.fullmatch(p, key) or re.search(p, key) for p in patterns)
+    shown = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()
+    try:
+        return cls.from_pretrained(path, **kwargs)
+    finally:
+        if shown:
+            hf_logging.enable_progress_bar()
+
+
+def _shrinking_init(recorded: dict):
+    def __init__(self, config, *args, **kwargs):
+        super(type(self), self).__init__(config, *args, **kwargs)
+        with torch.device("cpu"):  # index tensors the hooks keep live on the CPU, not on the loader's meta device
+            shrink_to_layout(self, recorded)
+    return __init__
+
+
+def _saved_shapes(path: Path) -> dict[str, tuple[int, ...]]:
+    """{tensor name: shape} from the safetensors headers (no tensor is read)."""
+    from safetensors import safe_open
+
+    files = [path / "model.safetensors"]
+    index = path / "model.safetensors.index.json"
+    if not files[0].exists() and index.exists():
+        files = [path / f for f in sorted(set(json.loads(index.read_text())["weight_map"].values()))]
+    if not files[0].exists():
+        raise ValueError(f"path: {str(path)!r} has no model.safetensors (or safetensors index); it is not a model "
+                         f"saved by prunetrain.save_pruned.")
+    shapes = {}
+    for file in files:
+        with safe_open(file, framework="pt") as handle:
+            for key in handle.keys():
+                shapes[key] = tuple(handle.get_slice(key).get_shape())
+    return shapes
+
+
+def read_config(path: str | os.PathLike):
+    """The transformers config of a saved (pruned) directory, as the original architecture's config class: the
+    remote-code guard and `auto_map` of a self-contained directory are undone (`prunetrain.engine.remote_code`).
+
+    Args:
+        path: a directory holding `config.json`.
+    """
+    from transformers import AutoConfig
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING
+
+    from prunetrain.engine.remote_code import is_guarded, plain_config_dict
+
+    path = Path(path)
+    try:
+        data = json.loads((path / "config.json").read_text())
+    except json.JSONDecodeError as err:
+        raise ValueError(f"path: {str(path / 'config.json')!r} is not JSON ({err.msg}, line {err.lineno}).") from None
+    if not isinstance(data, dict):
+        raise ValueError(f"path: {str(path / 'config.json')!r} is not a JSON object.")
+    if not is_guarded(data):
+        return AutoConfig.from_pretrained(path)
+    data = plain_config_dict(data)
+    model_type = data.get("model_type")
+    if model_type not in CONFIG_MAPPING:
+        raise ValueError(f"path: config.json in {str(path)!r} has model_type {model_type!r}, which this "
+                         f"transformers does not know.")
+    return CONFIG_MAPPING[model_type].from_dict(data)
+
+
+def _check_recorded(path: Path, layout: HeadLayout, recorded: dict) -> None:
+    """Each recorded site names strictly increasing original head indices within the site's heads."""
+    if not isinstance(recorded, dict):
+        raise ValueError(f"path: config.json in {str(path)!r} records {LAYOUT_CONFIG_KEY} as "
+                         f"{type(recorded).__name__}; expected {{site: [head indices]}}.")
+    for name, kept in recorded.items():
+        if name not in layout:
+            continue  # shrink_to_layout names the unknown site
+        n = layout[name].num_heads
+        ok = isinstance(kept, (list, tuple)) and all(isinstance(h, int) and not isinstance(h, bool) for h in kept)
+        if not ok or any(not 0 <= h < n for h in kept) or list(kept) != sorted(set(kept)):
+            raise ValueError(f"path: config.json in {str(path)!r} records heads {kept!r} for site {name!r}, which "
+                             f"has {n} heads; expected increasing indices in 0..{n - 1}.")
+
+
+def _check_shapes(path: Path, model: nn.Module, tensors: dict[str, tuple[int, ...]], layout: HeadLayout) -> None:
+    """Every saved tensor has the shape the recorded layout gives it (else: name the site and shapes)."""
+    state = model.state_dict()
+    for key, shape in tensors.items():
+        if key in state and tuple(state[key].shape) != tuple(shape):
+            site = max((s for s in layout if key.startswith(s.name + ".")), key=lambda s: len(s.name), default=None)
+            where = (f" of site {site.name!r} ({site.num_heads} heads × {site.head_dim}, "
+                     f"{site.num_kv_heads} key/value heads in the recorded layout)") if site else ""
+            raise ValueError(f"path: {str(path)!r} does not match its recorded layout: tensor {key!r}{where} has "
+                             f"shape {tuple(shape)} but the layout needs {tuple(state[key].shape)}.")

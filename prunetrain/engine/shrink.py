@@ -11,6 +11,7 @@ param groups, stay valid; the optimizer's per-parameter state (Adam/AdamW `exp_a
 
 from __future__ import annotations
 
+import weakref
 from typing import Literal
 
 import torch
@@ -21,6 +22,9 @@ from prunetrain.engine.kv_cache import track_headless_cache
 from prunetrain.engine.mask import HeadMask, attached_masks, stray_mask_hooks
 
 GQA_ROUNDING = ("error", "keep", "drop")
+
+_FOLDED: "weakref.WeakKeyDictionary[nn.Module, dict[str, torch.Tensor]]" = weakref.WeakKeyDictionary()
+"""Per shrunk model: the keep values its last `shrink` folded in, as they read on the shrunk layout."""
 
 
 class _OptimizerSlicer:
@@ -62,7 +66,7 @@ def _keep_positions(site: AttentionSite, keep: torch.Tensor, gqa_rounding: str) 
     if g > 1:
         groups = alive.view(-1, g)
         partial = groups.any(1) & ~groups.all(1)
-        if partial.any():
+        if partial.any() and int(groups.any(1).sum()) > 1:  # one surviving group is multi-query: any heads may go
             group = int(torch.nonzero(partial)[0])
             if gqa_rounding == "error":
                 raise ValueError(
@@ -103,7 +107,8 @@ def shrink(
     - A site with every head removed keeps only its output-projection bias (the residual path around it stays);
       a head-less self-attention site still counts its cached positions, so cached generation stays exact
       (`prunetrain.engine.kv_cache`).
-    - Grouped-query attention: heads go in whole key/value groups. A mask that removes part of a group raises,
+    - Grouped-query attention: heads go in whole key/value groups, except where a single group survives (the site
+      becomes multi-query: its query heads may go one by one). A mask that removes part of a group otherwise raises,
       unless `gqa_rounding` is `'keep'` (keep the group; its zeroed heads stay zero, so outputs are unchanged) or
       `'drop'` (remove the whole group; outputs change).
     - `optimizer`: its state for the sliced parameters is sliced the same way (Adam/AdamW, SGD momentum, ...).
@@ -128,7 +133,14 @@ def shrink(
                          f"first, or detach masks before copying.")
     select = _OptimizerSlicer(optimizer)
     keeps = {site.info.name: mask[site.info.name].detach().clone() for site in sites}
+    _refuse_second_fold(model, keeps)
     plans = [(site, _keep_positions(site, keeps[site.info.name], gqa_rounding)) for site in sites]
+    for site, positions in plans:
+        changes = len(positions) != site.info.num_heads or not bool((keeps[site.info.name] == 1).all())
+        reason = site.adapter.shrink_refusal(site) if changes else None
+        if reason:
+            raise ValueError(f"model: shrink of site {site.info.name!r} is refused: {reason} Masks and importance "
+                             f"work on this model; keep the mask attached instead of shrinking.")
     if mask.attached:
         mask.detach()
 
@@ -142,4 +154,19 @@ def shrink(
         layout_record[site.info.name] = [site.info.heads[i] for i in positions.tolist()]
     setattr(model.config, LAYOUT_CONFIG_KEY, layout_record)
     track_headless_cache(model)
+    if not all(bool((k == 1).all()) for k in keeps.values()):  # an all-ones mask changes nothing, record included
+        _FOLDED[model] = {site.info.name: keeps[site.info.name][positions] for site, positions in plans}
     return find_heads(model)
+
+
+def _refuse_second_fold(model: nn.Module, keeps: dict[str, torch.Tensor]) -> None:
+    """A soft mask equal to the one the last `shrink` folded into this model would scale the same heads again."""
+    folded = _FOLDED.get(model)
+    if folded is None or set(folded) != set(keeps):
+        return
+    same = all(folded[n].shape == keeps[n].shape and torch.equal(folded[n], keeps[n]) for n in keeps)
+    soft = any(bool(((v != 0) & (v != 1)).any()) for v in keeps.values())
+    if same and soft:
+        raise ValueError("mask: this model was already shrunk with these soft keep values, which are now folded into "
+                         "its output projections; shrinking again would scale those heads a second time. Use a "
+                         "binary mask (or HeadMask.ones) for further shrinking.")

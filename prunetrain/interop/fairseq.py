@@ -51,7 +51,7 @@ import torch
 from torch import nn
 
 from prunetrain.engine.families import LinearAttentionAdapter, register
-from prunetrain.engine.heads import AttentionSite
+from prunetrain.engine.families.core import declared_subclass, define_subclass, switch_class
 
 SUPPORTED_ARCHS = (
     "transformer",
@@ -220,8 +220,9 @@ class FairseqDictionary:
     def load(cls, path: str | os.PathLike) -> "FairseqDictionary":
         symbols = list(SPECIAL_SYMBOLS)
         indices = {s: i for i, s in enumerate(symbols)}
-        for number, line in enumerate(Path(path).read_text(encoding="utf-8").splitlines(), 1):
-            line = line.rstrip("\n")
+        # split at "\n" only, as fairseq reads the file (str.splitlines would also break at U+2028, form feeds, ...)
+        for number, line in enumerate(Path(path).read_text(encoding="utf-8").split("\n"), 1):
+            line = line.rstrip("\r")
             if not line.strip():
                 continue
             overwrite = line.endswith(" #fairseq:overwrite")
@@ -570,94 +571,6 @@ def hf_batch_from_fairseq(sample: Mapping, pad: int = 1) -> dict[str, torch.Tens
 
 
 # ---------------------------------------------------------------------------------------------------------------------
-# head engine on FSMT (imported models)
-# ---------------------------------------------------------------------------------------------------------------------
-def _cache_for(module: nn.Module, layer_state):
-    from transformers.cache_utils import EncoderDecoderCache
-
-    if isinstance(layer_state, EncoderDecoderCache):
-        is_updated = layer_state.is_updated.get(module.layer_idx)
-        cache = layer_state.cross_attention_cache if module.encoder_decoder_attention \
-            else layer_state.self_attention_cache
-        return cache, is_updated
-    return layer_state, False
-
-
-def _prunable_fsmt_forward(self, query, key, key_padding_mask=None, layer_state=None, attn_mask=None,
-                           output_attentions=False, **kwargs):
-    """FSMT's attention for any number of heads H (zero included), written per head: `[B, H, T, d]`."""
-    tgt_len, bsz, _ = query.size()  # FSMT is time-first: [T, B, E]
-    h, d = self.num_heads, self.head_dim
-    cache, is_updated = _cache_for(self, layer_state) if layer_state is not None else (None, False)
-    current = key if self.encoder_decoder_attention else query
-    if self.encoder_decoder_attention and cache is not None and is_updated:
-        keys, values = cache.layers[self.layer_idx].keys, cache.layers[self.layer_idx].values
-    else:
-        src = current.size(0)
-        keys = self.k_proj(current).view(src, bsz, h, d).permute(1, 2, 0, 3)  # [B, H, S, d]
-        values = self.v_proj(current).view(src, bsz, h, d).permute(1, 2, 0, 3)
-        if cache is not None:  # also with H = 0: cached generation reads positions from the cache length
-            keys, values = cache.update(keys, values, self.layer_idx)
-            if self.encoder_decoder_attention:
-                layer_state.is_updated[self.layer_idx] = True
-    q = (self.q_proj(query) * self.scaling).view(tgt_len, bsz, h, d).permute(1, 2, 0, 3)  # [B, H, T, d]
-    weights = q @ keys.transpose(-1, -2)  # [B, H, T, S]
-    if attn_mask is not None:
-        weights = weights + attn_mask
-    if key_padding_mask is not None and key_padding_mask.dim() != 0:
-        weights = weights.masked_fill(key_padding_mask[:, None, None, :], torch.finfo(weights.dtype).min)
-    weights = nn.functional.softmax(weights, dim=-1)
-    probs = nn.functional.dropout(weights, p=self.dropout, training=self.training)
-    heads = (probs @ values).permute(2, 0, 1, 3).reshape(tgt_len, bsz, h * d)  # [T, B, H*d], head-major
-    return self.out_proj(heads), (weights if output_attentions else None)
-
-
-_PRUNABLE_FSMT_CLASSES: dict[type, type] = {}
-
-
-def _prunable_fsmt_class(base: type) -> type:
-    """`PrunableFSMTAttention`: FSMT's `Attention` with any number of heads, zero included (what `shrink` turns a
-    pruned FSMT site into).
-
-    FSMT's own forward reshapes the heads' output with the *input* width (`view(tgt_len, bsz, embed_dim)`), which
-    only works with every head present. This forward is the same computation written per head; with no heads the
-    site outputs only its output-projection bias and still records empty keys/values in the cache, so cached
-    generation keeps its positions. The class of a shrunk module is switched in place (same object, parameters,
-    hooks and state-dict keys). Built lazily so that importing this module does not import FSMT; reachable as
-    `prunetrain.fairseq_interop.PrunableFSMTAttention` for pickling.
-    """
-    if base not in _PRUNABLE_FSMT_CLASSES:
-        _PRUNABLE_FSMT_CLASSES[base] = type("PrunableFSMTAttention", (base,), {
-            "forward": _prunable_fsmt_forward, "__module__": __name__, "__qualname__": "PrunableFSMTAttention",
-            "__doc__": _prunable_fsmt_class.__doc__})
-    return _PRUNABLE_FSMT_CLASSES[base]
-
-
-@register
-class FSMTAdapter(LinearAttentionAdapter):
-    """FSMT (fairseq's Transformer in transformers): `self_attn` / `encoder_attn` with `q_proj/k_proj/v_proj/out_proj`.
-
-    FSMT reshapes with `self.num_heads` (updated on shrink) and its output with the input width, so a shrunk
-    site becomes a `PrunableFSMTAttention` (see `_prunable_fsmt_class`). Its attention is time-first: the output
-    projection's input is `[T, B, H*d]`, head-major in the last axis, which is all `HeadMask` needs.
-    """
-
-    name = "fsmt"
-    model_types = ("fsmt",)
-    module_classes = ("Attention", "PrunableFSMTAttention")
-    count_attrs = ("num_heads",)
-
-    def original_num_heads(self, model, kind):
-        c = model.config
-        return c.encoder_attention_heads if kind == "encoder_self" else c.decoder_attention_heads
-
-    def remove_heads(self, site: AttentionSite, keep: torch.Tensor, select) -> None:
-        super().remove_heads(site, keep, select)
-        if type(site.module).__name__ == "Attention":
-            site.module.__class__ = _prunable_fsmt_class(type(site.module))
-
-
-# ---------------------------------------------------------------------------------------------------------------------
 # head engine directly on fairseq models
 # ---------------------------------------------------------------------------------------------------------------------
 _CONFIG_ATTR = "_prunetrain_head_config"
@@ -735,30 +648,26 @@ def _empty_forward(self, query, key=None, value=None, *args, **kwargs):
     return self.out_proj(query.new_zeros(tgt_len, bsz, 0)), None
 
 
-_EMPTY_CLASSES: dict[type, type] = {}
+def _multihead_attention() -> type:
+    from fairseq.modules.multihead_attention import MultiheadAttention
+
+    return MultiheadAttention
 
 
-def _empty_attention_class(base: type) -> type:
-    """`EmptyFairseqAttention`: a subclass of fairseq's `MultiheadAttention` for a site with no heads left
-    (fairseq's forward cannot reshape zero heads). Built lazily because fairseq is optional; reachable as
-    `prunetrain.fairseq_interop.EmptyFairseqAttention` so pickling a shrunk model works."""
-    if base not in _EMPTY_CLASSES:
-        _EMPTY_CLASSES[base] = type("EmptyFairseqAttention", (base,), {
-            "forward": _empty_forward, "__module__": __name__, "__qualname__": "EmptyFairseqAttention",
-            "__doc__": _empty_attention_class.__doc__})
-    return _EMPTY_CLASSES[base]
+EMPTY_FAIRSEQ = define_subclass("EmptyFairseqAttention", _multihead_attention, forward=_empty_forward)
+"""`EmptyFairseqAttention`: fairseq's `MultiheadAttention` for a site with no heads left (fairseq's forward cannot
+reshape zero heads), declared with the engine's one class-switch mechanism (`prunetrain.engine.families.core`);
+built lazily because fairseq is optional, and resolvable by name for pickles."""
 
 
 def __getattr__(name: str):
     """The lazily built attention subclasses, by name (so that pickles of shrunk models find them)."""
-    if name == "EmptyFairseqAttention":
-        from fairseq.modules.multihead_attention import MultiheadAttention
+    if name == EMPTY_FAIRSEQ:
+        return declared_subclass(name)
+    if name in ("PrunableFSMTAttention", "FSMTAdapter"):  # moved to prunetrain.engine.families.fsmt
+        from prunetrain.engine.families import fsmt
 
-        return _empty_attention_class(MultiheadAttention)
-    if name == "PrunableFSMTAttention":
-        from transformers.models.fsmt.modeling_fsmt import Attention
-
-        return _prunable_fsmt_class(Attention)
+        return getattr(fsmt, name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
@@ -769,6 +678,7 @@ class FairseqAdapter(LinearAttentionAdapter):
 
     name = "fairseq"
     model_types = (FAIRSEQ_MODEL_TYPE,)
+    time_first = True
     module_classes = ("MultiheadAttention", "EmptyFairseqAttention")
     count_attrs = ("num_heads",)
     width_attrs = ("embed_dim",)
@@ -782,9 +692,9 @@ class FairseqAdapter(LinearAttentionAdapter):
 
     def remove_heads(self, site, keep, select):
         super().remove_heads(site, keep, select)
-        if len(keep) == 0 and type(site.module).__name__ != "EmptyFairseqAttention":
+        if len(keep) == 0:
             # fairseq's MultiheadAttention cannot reshape zero heads (`view(-1, 0, d)`): same object, new class
-            site.module.__class__ = _empty_attention_class(type(site.module))
+            switch_class(site.module, EMPTY_FAIRSEQ)
 
 
 def fairseq_loss(model: nn.Module, sample: Mapping) -> tuple[torch.Tensor, float]:

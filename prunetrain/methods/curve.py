@@ -5,7 +5,8 @@ scores, or iteratively re-estimated, or in random order as a baseline) and evalu
 Trainer; `PruningCurveCallback` and `prunetrain study curve` call it.
 
 Metrics are callables `metric(model) -> float | dict` (a dict must hold the key named by `key`); helpers build
-the common ones: `bleu_metric` (sacreBLEU on detokenized greedy/beam output), `loss_metric`, `accuracy_metric`.
+the common ones: `loss_metric`, `accuracy_metric` (here) and `prunetrain.mt.metrics.bleu_metric` (sacreBLEU of a
+translation model, part of the translation application).
 """
 
 from __future__ import annotations
@@ -17,10 +18,12 @@ from typing import Any, Callable, Iterable, Mapping, Sequence
 import torch
 from torch import nn
 
-from prunetrain.methods.importance import HeadScores, _is_causal_lm, get_scorer, loss_token_count, random_scores
 from prunetrain.engine.mask import HeadMask
-from prunetrain.utils.progress import bar
+from prunetrain.methods.importance import HeadScores, batch_to, get_scorer, is_causal_lm, loss_token_count, random_scores
 from prunetrain.methods.selection import iterative_prune, select_heads
+from prunetrain.utils.device import device_of
+from prunetrain.utils.progress import bar
+from prunetrain.utils.validate import check_fractions as _check_fractions
 
 DEFAULT_FRACTIONS = tuple(round(0.1 * i, 1) for i in range(10))
 """0, 10, ..., 90 % of heads pruned (Michel et al. 2019 prune in steps of 10 %)."""
@@ -71,21 +74,21 @@ class Curve:
 
 
 def check_fractions(fractions: Sequence[float], argument: str = "fractions") -> list[float]:
-    """Validate and sort a list of fractions of heads in [0, 1]."""
-    out = []
-    for f in fractions:
-        if isinstance(f, bool) or not isinstance(f, (int, float)) or not 0 <= f <= 1:
-            raise ValueError(f"{argument}: {f!r} is not a fraction in [0, 1] (e.g. 0.1 for 10 % of the heads).")
-        out.append(float(f))
-    if not out:
-        raise ValueError(f"{argument}: give at least one fraction in [0, 1].")
-    return sorted(set(out))
+    """Validate and sort a list of fractions of heads in [0, 1] (`prunetrain.utils.validate.check_fractions`)."""
+    return _check_fractions(argument, fractions)
 
 
-def _value(result, key: str) -> tuple[float, dict]:
+def metric_value(result, key: str) -> tuple[float, dict]:
+    """`(value, details)` from what a metric returned: a number, or a dict holding `key` (its other scalar entries
+    are the details).
+
+    Args:
+        result: the metric's return value.
+        key: the entry of a dict result to use.
+    """
     if isinstance(result, Mapping):
         if key not in result:
-            raise KeyError(f"metric returned {sorted(result)} but the curve needs {key!r}.")
+            raise ValueError(f"key: {key!r} is not among the metric's results {sorted(result)}; give key= one of them.")
         details = {k: v for k, v in result.items() if isinstance(v, (int, float, str)) and k != key}
         return float(result[key]), details
     return float(result), {}
@@ -110,15 +113,25 @@ def pruning_curve(
     scorer: str = "gradient",
     scorer_options: Mapping[str, Any] | None = None,
 ) -> Curve:
-    """Evaluate `metric` with the lowest-scoring `fraction` of heads masked, for every fraction.
+    """Evaluate `metric` with the lowest-scoring `fraction` of heads masked, for every fraction (Michel et al. 2019
+    §4.2 Fig. 3, §6 Fig. 5). The model is left as it was: no mask stays attached and its train/eval mode is restored.
 
-    scores:    importance to rank by (default: computed from `batches` with `scorer`, on the model as it is).
-    order:     "importance" or "random" (seeded baseline; `scores` and `batches` are then not needed).
-    iterative: re-estimate importance on the masked model between fractions (Michel §4: steps of the fraction
-               grid, which must then be evenly spaced from 0); needs `batches`.
-    base_mask: heads already removed (e.g. by training-time pruning) stay removed and count toward each fraction.
-    key:       the entry of a dict-valued metric to plot (e.g. "bleu").
-    The model is left as it was: no mask stays attached and its train/eval mode is restored.
+    Args:
+        model: the model.
+        metric: `metric(model) -> float | dict` (e.g. `loss_metric`, `prunetrain.mt.metrics.bleu_metric`).
+        fractions: shares of all heads to prune (default 0, 0.1, ..., 0.9).
+        scores: importance to rank by (default: computed from `batches` with `scorer`, on the model as it is).
+        batches: batches for importance (needed unless `scores` is given or `order="random"`).
+        order: "importance" or "random" (seeded baseline; `scores` and `batches` are then not needed).
+        iterative: re-estimate importance on the masked model between fractions (Michel §4: steps of the fraction
+            grid, which must then be evenly spaced from 0); needs `batches`.
+        seed: seed of the random order.
+        scope, kinds, min_heads_per_layer: as in `select_heads`.
+        base_mask: heads already removed (e.g. by training-time pruning) stay removed and count toward each fraction.
+        key: the entry of a dict-valued metric to plot (e.g. "bleu").
+        metric_name: the metric's name in the result.
+        scorer: the importance scorer (registry name or callable).
+        scorer_options: keyword options of a named scorer.
     """
     fractions = check_fractions(fractions)
     if order not in ORDERS:
@@ -134,7 +147,7 @@ def pruning_curve(
         for fraction, mask in bar(list(zip(fractions, masks)), desc="curve points", unit="point"):
             start = time.perf_counter()
             with torch.no_grad(), mask.applied(model):
-                value, details = _value(metric(model), key)
+                value, details = metric_value(metric(model), key)
             points.append(CurvePoint(fraction, mask.num_kept, mask.num_heads, mask.kept_per_kind(), value,
                                      time.perf_counter() - start, details))
     finally:
@@ -172,42 +185,20 @@ def _masks_for(model, fractions, scores, batches, order, iterative, seed, scope,
 # -------------------------------------------------------------------------------------------------------------------
 # metrics
 # -------------------------------------------------------------------------------------------------------------------
-def bleu_metric(tokenizer, pairs: Sequence[tuple[str, str]], *, batch_size: int = 64, num_beams: int = 1,
-                autocast_bf16: bool = False, **generate_kwargs) -> Metric:
-    """sacreBLEU (detokenized) of the model's translations of `pairs`: returns the `evaluate_bleu` dict."""
-    from prunetrain.mt.translation import evaluate_bleu
-
-    pairs = list(pairs)
-    if not pairs:
-        raise ValueError("pairs: the BLEU metric needs at least one (source, reference) pair.")
-
-    def metric(model: nn.Module) -> dict:
-        if not hasattr(model, "generate"):
-            raise ValueError(f"metric: 'bleu' needs a model that can generate; {type(model).__name__} cannot.")
-        return evaluate_bleu(model, tokenizer, pairs, batch_size=batch_size, num_beams=num_beams,
-                             autocast_bf16=autocast_bf16, **generate_kwargs)
-
-    return metric
-
-
-def _device(model: nn.Module) -> torch.device:
-    return next(model.parameters()).device
-
-
-def _to_device(batch: Mapping, device: torch.device) -> dict:
-    return {k: v.to(device) if torch.is_tensor(v) else v for k, v in batch.items()}
-
-
 def loss_metric(batches: Iterable[Mapping[str, Any]]) -> Metric:
-    """Token-weighted mean of the model's own loss over `batches` (batches need `labels`)."""
+    """Token-weighted mean of the model's own loss over `batches` (batches need `labels`).
+
+    Args:
+        batches: batches with `labels`; read once into a list.
+    """
     batches = list(batches)
 
     def metric(model: nn.Module) -> dict:
         total, count = 0.0, 0
-        device = _device(model)
+        device = device_of(model)
         with torch.no_grad():
             for batch in batches:
-                batch = _to_device(batch, device)
+                batch = batch_to(batch, device)
                 n = loss_token_count(model, batch)
                 total += float(model(**batch).loss) * n
                 count += n
@@ -218,18 +209,22 @@ def loss_metric(batches: Iterable[Mapping[str, Any]]) -> Metric:
 
 def accuracy_metric(batches: Iterable[Mapping[str, Any]]) -> Metric:
     """Accuracy of argmax predictions against `labels` (sequence classification, or tokens with labels != -100;
-    causal LMs are compared with the next token)."""
+    causal LMs are compared with the next token).
+
+    Args:
+        batches: batches with `labels`; read once into a list.
+    """
     batches = list(batches)
 
     def metric(model: nn.Module) -> dict:
         correct, count = 0, 0
-        device = _device(model)
+        device = device_of(model)
         with torch.no_grad():
             for batch in batches:
-                batch = _to_device(batch, device)
+                batch = batch_to(batch, device)
                 labels = batch["labels"]
                 logits = model(**{k: v for k, v in batch.items() if k != "labels"}).logits
-                if _is_causal_lm(model):  # position t predicts token t + 1
+                if is_causal_lm(model):  # position t predicts token t + 1
                     logits, labels = logits[:, :-1], labels[:, 1:]
                 predictions = logits.argmax(-1)
                 valid = labels != -100
@@ -240,5 +235,5 @@ def accuracy_metric(batches: Iterable[Mapping[str, Any]]) -> Metric:
     return metric
 
 
-__all__ = ["Curve", "CurvePoint", "DEFAULT_FRACTIONS", "accuracy_metric", "bleu_metric", "check_fractions",
-           "loss_metric", "pruning_curve"]
+__all__ = ["Curve", "CurvePoint", "DEFAULT_FRACTIONS", "Metric", "accuracy_metric", "check_fractions", "loss_metric",
+           "metric_value", "pruning_curve"]

@@ -28,6 +28,8 @@ from torch import nn
 
 from prunetrain.engine.heads import KINDS, HeadLayout, attention_sites, find_heads, unwrap_model
 from prunetrain.engine.mask import HeadMask, scale_heads
+from prunetrain.utils.device import device_of
+from prunetrain.utils.validate import check_kinds
 
 BETA = 2.0 / 3.0
 """Hard-Concrete temperature β (Louizos et al. 2018)."""
@@ -55,10 +57,7 @@ class HardConcreteGates(nn.Module):
     def __init__(self, layout: HeadLayout, kinds: Iterable[str] | None = None, init_log_alpha: float = 2.0,
                  init_noise: float = 0.01, seed: int = 0):
         super().__init__()
-        kinds = list(layout.kinds if kinds is None else kinds)
-        unknown = [k for k in kinds if k not in KINDS]
-        if unknown:
-            raise ValueError(f"kinds: {unknown[0]!r} is not an attention kind; allowed: {', '.join(KINDS)}.")
+        kinds = check_kinds("kinds", kinds, KINDS) or list(layout.kinds)
         missing = [k for k in kinds if k not in layout.kinds]
         if missing:
             raise ValueError(f"kinds: this model has no {missing[0]!r} attention; its kinds are "
@@ -111,12 +110,30 @@ class HardConcreteGates(nn.Module):
         return {name: self.sample(name) if training else self.deterministic(name) for name in self.site_names}
 
     # export -----------------------------------------------------------------------------------------------------
-    def to_mask(self) -> HeadMask:
-        """The deterministic gates as a binary HeadMask over the whole layout."""
+    def to_mask(self, keep: int | None = None) -> HeadMask:
+        """The gates as a binary HeadMask over the whole layout (heads of sites that are not gated are kept).
+
+        Args:
+            keep: None: the deterministic test-time gates (log α > 0). An int: exactly the `keep` gated heads with
+                the largest log α (a head budget met exactly, also while some gates are still undecided, when the
+                expected L0 is on budget but log α > 0 would keep more or fewer heads).
+        """
         mask = HeadMask.ones(self.layout)
         with torch.no_grad():
+            if keep is None:
+                for name in self.site_names:
+                    mask[name] = self.deterministic(name).detach().cpu()
+                return mask
+            total = sum(self.layout[n].num_heads for n in self.site_names)
+            if isinstance(keep, bool) or not isinstance(keep, int) or not 0 <= keep <= total:
+                raise ValueError(f"keep: {keep!r} is not allowed; expected an int in [0, {total}] (gated heads).")
+            ranked = sorted(((float(v), name, h) for name in self.site_names
+                             for h, v in enumerate(self.site_log_alpha(name).detach().cpu().tolist())),
+                            key=lambda item: (-item[0], item[1], item[2]))
+            kept = {(name, h) for _, name, h in ranked[:keep]}
             for name in self.site_names:
-                mask[name] = self.deterministic(name).detach().cpu()
+                mask[name] = torch.tensor([1.0 if (name, h) in kept else 0.0
+                                           for h in range(self.layout[name].num_heads)])
         return mask
 
     def open_per_kind(self) -> dict[str, int]:
@@ -183,8 +200,29 @@ class _GateHook:
 
 
 def gates_for(model: nn.Module, kinds: Iterable[str] | None = None, **kwargs) -> HardConcreteGates:
-    """`HardConcreteGates` for `model`'s layout, on the model's device."""
+    """`HardConcreteGates` for `model`'s layout, on the model's device.
+
+    Args:
+        model: the model (a `.module` wrapper is unwrapped).
+        kinds: the attention kinds to gate (None: all).
+        **kwargs: `HardConcreteGates` options (init_log_alpha, init_noise, seed).
+    """
     model = unwrap_model(model)
     gates = HardConcreteGates(find_heads(model), kinds=kinds, **kwargs)
-    device = next(model.parameters()).device
-    return gates.to(device)
+    return gates.to(device_of(model))
+
+
+class LagrangianBudget(nn.Module):
+    """The head-budget term λ1 (E/N − t) + λ2 (E/N − t)² with E the expected L0 (`expected_l0`), N the number of
+    gated heads and t the target share; the multipliers λ1, λ2 are trained by gradient *ascent* (Wang et al. 2020,
+    "Structured pruning of large language models", eq. 7), so the term pushes E/N toward t.
+    """
+
+    def __init__(self):
+        super().__init__()
+        self.lambda_1 = nn.Parameter(torch.zeros(()))
+        self.lambda_2 = nn.Parameter(torch.zeros(()))
+
+    def forward(self, expected_fraction: torch.Tensor, target_fraction: float) -> torch.Tensor:
+        gap = expected_fraction - target_fraction
+        return self.lambda_1 * gap + self.lambda_2 * gap * gap

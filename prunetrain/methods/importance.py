@@ -33,13 +33,13 @@ from torch import nn
 
 from prunetrain.engine.heads import HeadLayout, attention_sites, find_heads, unwrap_model
 from prunetrain.engine.mask import HeadMask
+from prunetrain.utils.device import device_of
 from prunetrain.utils.progress import bar
+from prunetrain.utils.validate import check_choice
 
 PER = ("batch", "example")
 NORMALIZE = ("layer", None)
 REDUCTION = ("mean", "sum")
-TIME_FIRST_FAMILIES = ("fsmt", "fairseq")
-"""Adapters whose attention outputs are [time, batch, ...] (per-example gates are not implemented for them)."""
 NORMALIZE_EPS = 1e-20
 """Added to each layer's L2 norm before dividing, as in the authors' code (a layer of all-zero scores stays zero)."""
 
@@ -67,7 +67,7 @@ class HeadScores:
 
     def __post_init__(self) -> None:
         if not isinstance(self.layout, HeadLayout):
-            raise TypeError(f"layout: expected a prunetrain.HeadLayout, got {type(self.layout).__name__}.")
+            raise ValueError(f"layout: expected a prunetrain.HeadLayout, got {type(self.layout).__name__}.")
         unknown = [name for name in self.values if name not in self.layout]
         if unknown:
             raise ValueError(f"values: unknown site {unknown[0]!r}; valid sites: "
@@ -184,16 +184,15 @@ class HeadScores:
 # ---------------------------------------------------------------------------------------------------------------------
 # shared machinery: batches, loss, frozen parameters, distributed sums
 # ---------------------------------------------------------------------------------------------------------------------
-def _device_of(model: nn.Module) -> torch.device:
-    for p in model.parameters():
-        return p.device
-    return torch.device("cpu")
+def batch_to(batch: Mapping, device: torch.device) -> dict:
+    """A batch (mapping) with its tensors moved to `device`."""
+    return {k: v.to(device) if torch.is_tensor(v) else v for k, v in batch.items()}
 
 
 def _batches(batches: Iterable, device: torch.device, max_batches: int | None) -> Iterator[dict]:
     """Validate the arguments now; yield each batch (a mapping) with its tensors moved to `device`."""
     if isinstance(batches, Mapping):
-        raise TypeError("batches: got a single batch (a mapping); pass an iterable of batches, e.g. [batch] or a "
+        raise ValueError("batches: got a single batch (a mapping); pass an iterable of batches, e.g. [batch] or a "
                         "DataLoader.")
     if max_batches is not None and (not isinstance(max_batches, int) or isinstance(max_batches, bool)
                                     or max_batches < 1):
@@ -207,14 +206,14 @@ def _batches(batches: Iterable, device: torch.device, max_batches: int | None) -
             if max_batches is not None and i >= max_batches:
                 return
             if not isinstance(batch, Mapping):
-                raise TypeError(f"batches: each batch must be a mapping of model inputs (a dict, as a DataLoader "
+                raise ValueError(f"batches: each batch must be a mapping of model inputs (a dict, as a DataLoader "
                                 f"with a HF collator yields), got {type(batch).__name__}.")
-            yield {k: v.to(device) if torch.is_tensor(v) else v for k, v in batch.items()}
+            yield batch_to(batch, device)
 
     return moved()
 
 
-def _is_causal_lm(model: nn.Module) -> bool:
+def is_causal_lm(model: nn.Module) -> bool:
     """Decoder-only LMs shift labels by one inside their loss (HF `ForCausalLMLoss`)."""
     if getattr(getattr(model, "config", None), "is_encoder_decoder", False):
         return False
@@ -228,7 +227,7 @@ def loss_token_count(model: nn.Module, batch: Mapping) -> int:
     labels = batch["labels"]
     if labels.is_floating_point():
         return labels.numel()
-    if _is_causal_lm(unwrap_model(model)):
+    if is_causal_lm(unwrap_model(model)):
         labels = labels[..., 1:]
     return int((labels != -100).sum())
 
@@ -239,7 +238,7 @@ def _batch_loss(model: nn.Module, batch: dict, loss_fn: LossFn | None) -> tuple[
         result = loss_fn(model, batch)
         loss, n = result if isinstance(result, tuple) else (result, 1.0)
         if not torch.is_tensor(loss) or loss.numel() != 1:
-            raise TypeError(f"loss_fn: must return a scalar tensor (or (scalar, n)), got {type(loss).__name__}"
+            raise ValueError(f"loss_fn: must return a scalar tensor (or (scalar, n)), got {type(loss).__name__}"
                             f"{'' if not torch.is_tensor(loss) else f' of shape {tuple(loss.shape)}'}.")
         return loss.reshape(()), float(n)
     if "labels" not in batch:
@@ -257,7 +256,7 @@ def _autocast(device: torch.device, dtype: torch.dtype | None):
     if dtype is None:
         return contextlib.nullcontext()
     if not isinstance(dtype, torch.dtype):
-        raise TypeError(f"autocast: expected a torch.dtype (e.g. torch.bfloat16) or None, got {dtype!r}.")
+        raise ValueError(f"autocast: expected a torch.dtype (e.g. torch.bfloat16) or None, got {dtype!r}.")
     return torch.autocast(device_type=device.type, dtype=dtype)
 
 
@@ -282,7 +281,7 @@ def scoring_mode(model: nn.Module) -> Iterator[None]:
 def _distributed_world(sync: bool | None) -> int:
     """World size to reduce over (1 = no reduction)."""
     if sync is not None and not isinstance(sync, bool):
-        raise TypeError(f"sync: expected True, False or None (auto), got {sync!r}.")
+        raise ValueError(f"sync: expected True, False or None (auto), got {sync!r}.")
     available = torch.distributed.is_available() and torch.distributed.is_initialized()
     if sync and not available:
         raise ValueError("sync: True needs an initialised torch.distributed process group; none is initialised.")
@@ -312,7 +311,7 @@ class _Sums:
         flat = torch.cat([self.sums[n] for n in names]
                          + [torch.tensor([self.counts[n] for n in names] + [float(self.batches)], dtype=torch.float64)])
         backend = str(dist.get_backend())
-        device = _device_of(model) if "nccl" in backend and _device_of(model).type == "cuda" else torch.device("cpu")
+        device = device_of(model) if "nccl" in backend and device_of(model).type == "cuda" else torch.device("cpu")
         flat = flat.to(device)
         dist.all_reduce(flat, op=dist.ReduceOp.SUM)
         flat = flat.cpu()
@@ -331,11 +330,6 @@ class _Sums:
         if reduction == "sum":
             return {n: v.clone() for n, v in self.sums.items()}
         return {n: v / self.counts[n] if self.counts[n] > 0 else torch.zeros_like(v) for n, v in self.sums.items()}
-
-
-def _check_choice(argument: str, value, allowed: tuple) -> None:
-    if value not in allowed:
-        raise ValueError(f"{argument}: {value!r} is not one of {', '.join(map(repr, allowed))}.")
 
 
 def _finish(acc: _Sums, model: nn.Module, world: int, reduction: str) -> tuple[dict, int]:
@@ -382,6 +376,66 @@ class _ExampleGate:
         return ((x.unflatten(-1, (self.num_heads, self.head_dim)) * gate).flatten(-2), *rest)
 
 
+class _BatchGates:
+    """per="batch": one keep value ξ_h per head (a `HeadMask` with gradients), shared by the batch's examples."""
+
+    def __init__(self, net: nn.Module, layout: HeadLayout):
+        self.layout = layout
+        self.mask = HeadMask(layout).requires_grad_()
+        self.mask.attach(net)
+
+    def start(self, batch: Mapping) -> None:
+        self.mask.zero_grad()
+
+    def abs_grad(self, name: str) -> torch.Tensor:
+        grad = self.mask[name].grad
+        return grad.abs() if grad is not None else torch.zeros(self.layout[name].num_heads)
+
+    def close(self) -> None:
+        self.mask.detach()
+        self.mask.requires_grad_(False)
+
+
+class _ExampleGates:
+    """per="example": one ξ[b, h] per example and head (`_ExampleGate` hooks), so one backward gives every example's
+    gradient; `abs_grad` sums |∂L/∂ξ[b, h]| over the examples b."""
+
+    def __init__(self, net: nn.Module, layout: HeadLayout):
+        sites = attention_sites(net)
+        if sites and sites[0].adapter.time_first:
+            raise ValueError(f"per: 'example' needs batch-first attention outputs; {sites[0].adapter.name} "
+                             f"models are time-first, so use per='batch'.")
+        self.layout = layout
+        self.gates = {s.info.name: _ExampleGate(s.info.num_heads, s.info.head_dim) for s in sites}
+        self.handles = [s.out_proj.register_forward_pre_hook(self.gates[s.info.name]) for s in sites]
+
+    def start(self, batch: Mapping) -> None:
+        size = _batch_size(batch)
+        for gate in self.gates.values():
+            gate.gate, gate.batch_size = None, size
+
+    def abs_grad(self, name: str) -> torch.Tensor:
+        gate = self.gates[name].gate
+        grad = gate.grad if gate is not None else None
+        return grad.abs().sum(0) if grad is not None else torch.zeros(self.layout[name].num_heads)
+
+    def close(self) -> None:
+        for handle in self.handles:
+            handle.remove()
+        for gate in self.gates.values():
+            gate.gate = None
+
+
+@contextlib.contextmanager
+def _unit_gates(per: str, net: nn.Module, layout: HeadLayout) -> Iterator["_BatchGates | _ExampleGates"]:
+    """The ξ whose gradients `head_importance` reads, attached for the duration (removed also on error)."""
+    gates = _BatchGates(net, layout) if per == "batch" else _ExampleGates(net, layout)
+    try:
+        yield gates
+    finally:
+        gates.close()
+
+
 def head_importance(
     model: nn.Module,
     batches: Iterable[Mapping[str, Any]],
@@ -394,81 +448,53 @@ def head_importance(
     max_batches: int | None = None,
     sync: bool | None = None,
 ) -> HeadScores:
-    """Michel et al. (2019) head importance I_h = E_x |∂L(x)/∂ξ_h| at ξ = 1 (see the module docstring for the
-    exact token-weighted expectation).
+    """Michel et al. (2019) head importance I_h = E_x |∂L(x)/∂ξ_h| at ξ = 1 (eq. 2; see the module docstring
+    for the exact token-weighted expectation).
 
     One forward and one backward per batch; model parameters get no gradients (they are frozen for the duration,
     and `requires_grad` flags and train/eval mode are restored exactly afterwards, also on error). Runs in eval mode
     (no dropout). Masks already attached to the model stay in effect (a removed head scores 0).
 
-    loss_fn:   None → the model's own loss (batches need `labels`; seq2seq and MLM average token cross-entropy over
-               labels != -100, so padding must be -100 as HF collators produce; causal LMs shift labels by one).
-               Otherwise `loss_fn(model, batch) -> loss | (loss, n)` with `loss` a mean over `n` items (default 1).
-    per:       "batch" (default; the authors' code: |∂L_b/∂ξ| of each batch's loss) or "example" (the paper: one
-               |∂L_x/∂ξ| per example, obtained exactly from the same single backward by giving each example its own
-               ξ[b, h]; cost ≈ per="batch", a `[batch, heads]` gate per site instead of `[heads]`).
-    normalize: "layer" (default, as the authors' code): divide each site's importance by its L2 norm;
-               None: raw values.
-    reduction: "mean" (default): divide by the total token count Σ n_u; "sum": Σ_u |∂S_u/∂ξ_h| undivided.
-    autocast:  a dtype (e.g. torch.bfloat16) to run forward under `torch.autocast`, or None.
-    sync:      None (default): all-reduce sums and counts when torch.distributed is initialised with >1 rank (every
-               rank must call this function); False: local only; True: require a process group.
+    Args:
+        model: the model (a DDP-style `.module` wrapper is unwrapped; an FSDP2 model is scored as it is).
+        batches: an iterable of batches (mappings of model inputs), e.g. a list or a DataLoader.
+        loss_fn: None → the model's own loss (batches need `labels`; seq2seq and MLM average token cross-entropy
+            over labels != -100, so padding must be -100 as HF collators produce; causal LMs shift labels by one).
+            Otherwise `loss_fn(model, batch) -> loss | (loss, n)` with `loss` a mean over `n` items (default 1).
+        per: "batch" (default; the authors' code: |∂L_b/∂ξ| of each batch's loss) or "example" (the paper: one
+            |∂L_x/∂ξ| per example, obtained exactly from the same single backward by giving each example its own
+            ξ[b, h]; cost ≈ per="batch").
+        normalize: "layer" (default, as the authors' code): divide each site's importance by its L2 norm;
+            None: raw values.
+        reduction: "mean" (default): divide by the total token count Σ n_u; "sum": Σ_u |∂S_u/∂ξ_h| undivided.
+        autocast: a dtype (e.g. torch.bfloat16) to run forward under `torch.autocast`, or None.
+        max_batches: score at most this many batches (None: all).
+        sync: None (default): all-reduce sums and counts when torch.distributed is initialised with >1 rank (every
+            rank must call this function); False: local only; True: require a process group.
+
+    Returns:
+        `HeadScores` (method "gradient"); `meta` records the options, tokens, batches and world size.
     """
-    _check_choice("per", per, PER)
-    _check_choice("normalize", normalize, NORMALIZE)
-    _check_choice("reduction", reduction, REDUCTION)
+    check_choice("per", per, PER)
+    check_choice("normalize", normalize, NORMALIZE)
+    check_choice("reduction", reduction, REDUCTION)
     world = _distributed_world(sync)
     net = unwrap_model(model)  # forward the inner model: DDP would expect parameter gradients
-    device = _device_of(net)
+    device = device_of(net)
     _autocast(device, autocast)  # validates the argument before any work
-    sites = attention_sites(net)
     layout = find_heads(net)
     acc = _Sums(layout)
-    with scoring_mode(net):
-        if per == "batch":
-            mask = HeadMask(layout).requires_grad_()
-            mask.attach(net)
-            try:
-                for batch in _batches(batches, device, max_batches):
-                    mask.zero_grad()
-                    with _autocast(device, autocast):
-                        loss, n = _batch_loss(net, batch, loss_fn)
-                    if n <= 0:
-                        continue
-                    loss.backward()
-                    for s in layout:
-                        grad = mask[s.name].grad
-                        acc.add(s.name, n * grad.abs() if grad is not None else torch.zeros(s.num_heads), n)
-                    acc.batches += 1
-            finally:
-                mask.detach()
-                mask.requires_grad_(False)
-        else:
-            if sites and sites[0].adapter.name in TIME_FIRST_FAMILIES:
-                raise ValueError(f"per: 'example' needs batch-first attention outputs; {sites[0].adapter.name} "
-                                 f"models are time-first, so use per='batch'.")
-            gates = {s.info.name: _ExampleGate(s.info.num_heads, s.info.head_dim) for s in sites}
-            handles = [s.out_proj.register_forward_pre_hook(gates[s.info.name]) for s in sites]
-            try:
-                for batch in _batches(batches, device, max_batches):
-                    size = _batch_size(batch)
-                    for gate in gates.values():
-                        gate.gate, gate.batch_size = None, size
-                    with _autocast(device, autocast):
-                        loss, n = _batch_loss(net, batch, loss_fn)
-                    if n <= 0:
-                        continue
-                    loss.backward()
-                    for name, gate in gates.items():
-                        grad = gate.gate.grad if gate.gate is not None else None
-                        value = n * grad.abs().sum(0) if grad is not None else torch.zeros(layout[name].num_heads)
-                        acc.add(name, value, n)
-                    acc.batches += 1
-            finally:
-                for handle in handles:
-                    handle.remove()
-                for gate in gates.values():
-                    gate.gate = None
+    with scoring_mode(net), _unit_gates(per, net, layout) as gates:
+        for batch in _batches(batches, device, max_batches):
+            gates.start(batch)
+            with _autocast(device, autocast):
+                loss, n = _batch_loss(net, batch, loss_fn)
+            if n <= 0:
+                continue
+            loss.backward()
+            for site in layout:  # Σ_u |∂S_u/∂ξ_h| = n · Σ_u |∂L/∂ξ_u,h| (L the batch's mean loss)
+                acc.add(site.name, n * gates.abs_grad(site.name), n)
+            acc.batches += 1
     values, world = _finish(acc, net, world, reduction)
     meta = {"per": per, "normalize": None, "reduction": reduction, "tokens": acc.counts[layout.names[0]]
             if layout.names else 0.0, "batches": acc.batches, "world_size": world,
@@ -492,11 +518,19 @@ def ablation_scores(
     """Score_h = token-weighted mean over batches of L(model with head h alone removed) − L(model).
 
     Negative: removing the head lowers the loss. Costs 1 + H forward passes per batch (H = all heads), no backward.
-    Masks already attached to the model stay in effect. Eval mode, no gradients; distributed as `head_importance`.
+    Masks already attached to the model stay in effect. Eval mode, no gradients.
+
+    Args:
+        model: the model.
+        batches: an iterable of batches with labels (or use `loss_fn`).
+        loss_fn: as in `head_importance`.
+        autocast: a dtype to run forward under `torch.autocast`, or None.
+        max_batches: score at most this many batches (None: all).
+        sync: distributed reduction, as in `head_importance`.
     """
     world = _distributed_world(sync)
     net = unwrap_model(model)
-    device = _device_of(net)
+    device = device_of(net)
     _autocast(device, autocast)
     layout = find_heads(net)
     acc = _Sums(layout)
@@ -591,11 +625,19 @@ def confidence_scores(
     sync: bool | None = None,
 ) -> HeadScores:
     """Voita et al. (2019) confidence: the mean over real (non-padding) query tokens of the head's maximum attention
-    weight. In [1/T, 1] for T keys. Runs the model in eval mode with eager attention (switched temporarily),
-    without labels being needed and without gradients. A head that always attends to one token scores 1."""
+    weight. In [1/T, 1] for T keys; a head that always attends to one token scores 1. Runs the model in eval mode with
+    eager attention (switched temporarily), without labels and without gradients.
+
+    Args:
+        model: the model.
+        batches: an iterable of batches (labels not needed).
+        autocast: a dtype to run forward under `torch.autocast`, or None.
+        max_batches: score at most this many batches (None: all).
+        sync: distributed reduction, as in `head_importance`.
+    """
     world = _distributed_world(sync)
     net = unwrap_model(model)
-    device = _device_of(net)
+    device = device_of(net)
     _autocast(device, autocast)
     sites = attention_sites(net)
     layout = find_heads(net)
@@ -626,9 +668,14 @@ def confidence_scores(
 # random baseline
 # ---------------------------------------------------------------------------------------------------------------------
 def random_scores(model_or_layout: nn.Module | HeadLayout, *, seed: int = 0) -> HeadScores:
-    """Uniform [0, 1) scores from a seeded generator: the same seed and layout always give the same scores."""
+    """Uniform [0, 1) scores from a seeded generator: the same seed and layout always give the same scores.
+
+    Args:
+        model_or_layout: a model or its `HeadLayout`.
+        seed: the generator's seed.
+    """
     if not isinstance(seed, int) or isinstance(seed, bool):
-        raise TypeError(f"seed: expected an int, got {seed!r}.")
+        raise ValueError(f"seed: expected an int, got {seed!r}.")
     layout = model_or_layout if isinstance(model_or_layout, HeadLayout) else find_heads(model_or_layout)
     gen = torch.Generator().manual_seed(seed)
     values = {s.name: torch.rand(s.num_heads, generator=gen, dtype=torch.float64) for s in layout}
@@ -658,9 +705,9 @@ class GradientScorer:
     sync: bool | None = None
 
     def __post_init__(self) -> None:
-        _check_choice("per", self.per, PER)
-        _check_choice("normalize", self.normalize, NORMALIZE)
-        _check_choice("reduction", self.reduction, REDUCTION)
+        check_choice("per", self.per, PER)
+        check_choice("normalize", self.normalize, NORMALIZE)
+        check_choice("reduction", self.reduction, REDUCTION)
 
     def __call__(self, model, batches) -> HeadScores:
         return head_importance(model, batches, loss_fn=self.loss_fn, per=self.per, normalize=self.normalize,
@@ -714,7 +761,12 @@ SCORERS: dict[str, Callable[..., Scorer]] = {
 
 
 def register_scorer(name: str, factory: Callable[..., Scorer]) -> None:
-    """Make `get_scorer(name, **options)` return `factory(**options)`."""
+    """Make `get_scorer(name, **options)` return `factory(**options)`.
+
+    Args:
+        name: the registry name.
+        factory: `factory(**options) -> Scorer` (a callable `scorer(model, batches) -> HeadScores`).
+    """
     if not isinstance(name, str) or not name:
         raise ValueError(f"name: expected a non-empty string, got {name!r}.")
     SCORERS[name] = factory
@@ -722,7 +774,12 @@ def register_scorer(name: str, factory: Callable[..., Scorer]) -> None:
 
 def get_scorer(name: str | Scorer, **options) -> Scorer:
     """A scorer by registry name (`gradient`, `ablation`, `confidence`, `random`, or registered), built with
-    `options`; a callable scorer is returned as is (options must then be empty)."""
+    `options`; a callable scorer is returned as is (options must then be empty).
+
+    Args:
+        name: a registry name or a callable `scorer(model, batches) -> HeadScores`.
+        **options: keyword options of the scorer (e.g. `per="example"` for "gradient").
+    """
     if callable(name) and not isinstance(name, str):
         if options:
             raise ValueError(f"options: {', '.join(options)} can only be given with a scorer name, not with a "
@@ -734,7 +791,7 @@ def get_scorer(name: str | Scorer, **options) -> Scorer:
     try:
         return SCORERS[name](**options)
     except TypeError as err:
-        raise TypeError(f"options for scorer {name!r}: {err}") from None
+        raise ValueError(f"options for scorer {name!r}: {err}") from None
 
 
 __all__ = [

@@ -28,6 +28,7 @@ from torch import nn
 from prunetrain.engine.heads import KINDS, HeadLayout, find_heads, unwrap_model
 from prunetrain.methods.importance import HeadScores, Scorer, get_scorer
 from prunetrain.engine.mask import HeadMask
+from prunetrain.utils.validate import check_amount, check_kinds
 
 SCOPES = ("global", "layer", "kind")
 
@@ -41,16 +42,6 @@ class _Unit:
     heads: tuple[int, ...]
 
 
-def _check_amount(amount, argument: str = "amount") -> None:
-    if isinstance(amount, bool) or not isinstance(amount, (int, float)):
-        raise TypeError(f"{argument}: expected a float fraction in [0, 1] or an int count of heads, got {amount!r}.")
-    if isinstance(amount, float) and not 0.0 <= amount <= 1.0:  # also rejects nan
-        raise ValueError(f"{argument}: {amount!r} is not a valid fraction; a float amount must be in [0, 1] "
-                         f"(an int is a count of heads).")
-    if isinstance(amount, int) and amount < 0:
-        raise ValueError(f"{argument}: {amount!r} is a negative count; an int amount must be >= 0 heads.")
-
-
 def _to_count(amount: int | float, total: int) -> int:
     """Heads to prune in the end out of `total` original heads (fraction: rounded half up)."""
     if isinstance(amount, int):
@@ -59,14 +50,10 @@ def _to_count(amount: int | float, total: int) -> int:
 
 
 def _check_kinds(kinds, layout: HeadLayout) -> list[str]:
-    if kinds is None:
+    chosen = check_kinds("kinds", kinds, KINDS)
+    if chosen is None:
         return list(layout.kinds)
-    chosen = [kinds] if isinstance(kinds, str) else list(kinds)
-    if not chosen:
-        raise ValueError(f"kinds: an empty selection; give None (all kinds) or some of {', '.join(layout.kinds)}.")
     for kind in chosen:
-        if kind not in KINDS:
-            raise ValueError(f"kinds: {kind!r} is not an attention kind; allowed: {', '.join(KINDS)}.")
         if kind not in layout.kinds:
             raise ValueError(f"kinds: {kind!r} does not occur in this model, whose kinds are: "
                              f"{', '.join(layout.kinds)}.")
@@ -94,25 +81,31 @@ def select_heads(
     kinds: str | Iterable[str] | None = None,
     min_heads_per_layer: int = 0,
     base_mask: HeadMask | None = None,
+    constraints=None,
 ) -> HeadMask:
     """A `HeadMask` that removes the lowest-scoring heads (see the module docstring for the amount convention).
 
-    scope:  "global": one ranking over all heads in `kinds`, `amount` of all their heads;
-            "kind":   `amount` of each kind's heads, ranked within the kind (e.g. 50% of encoder self-attention AND
-                      50% of cross-attention);
-            "layer":  `amount` of each site's heads, ranked within the site (a "layer" is one attention site).
-    kinds:  restrict pruning to these attention kinds (None: all kinds of the model); other sites are untouched.
-    min_heads_per_layer: every site keeps at least this many heads (sites already below it lose no more).
-    base_mask: start from this mask; its removed heads stay removed and count toward `amount`, its other keep values
-            are copied. Not modified.
+    Args:
+        scores: the head scores (low = pruned first).
+        amount: how much to prune in total: a fraction (float in [0, 1]) or a count (int) of the heads in scope.
+        scope: "global": one ranking over all heads in `kinds`, `amount` of all their heads;
+            "kind": `amount` of each kind's heads, ranked within the kind (e.g. 50% of encoder self-attention AND
+            50% of cross-attention); "layer": `amount` of each site's heads, ranked within the site.
+        kinds: restrict pruning to these attention kinds (None: all kinds of the model); other sites are untouched.
+        min_heads_per_layer: every site keeps at least this many heads (sites already below it lose no more).
+        base_mask: start from this mask; its removed heads stay removed and count toward `amount`, its other keep
+            values are copied. Not modified.
+        constraints: a `prunetrain.methods.constraints.ServingConstraints` (same heads per kind, whole key/value
+            groups, counts divisible by a tensor-parallel degree) applied to the selection; counts move to the
+            nearest allowed value.
     """
     if not isinstance(scores, HeadScores):
-        raise TypeError(f"scores: expected a prunetrain HeadScores, got {type(scores).__name__}.")
-    _check_amount(amount)
+        raise ValueError(f"scores: expected a prunetrain HeadScores, got {type(scores).__name__}.")
+    check_amount("amount", amount)
     if scope not in SCOPES:
         raise ValueError(f"scope: {scope!r} is not one of {', '.join(map(repr, SCOPES))}.")
     if isinstance(min_heads_per_layer, bool) or not isinstance(min_heads_per_layer, int):
-        raise TypeError(f"min_heads_per_layer: expected an int, got {min_heads_per_layer!r}.")
+        raise ValueError(f"min_heads_per_layer: expected an int, got {min_heads_per_layer!r}.")
     if min_heads_per_layer < 0:
         raise ValueError(f"min_heads_per_layer: {min_heads_per_layer} is negative; it must be >= 0.")
     layout = scores.layout
@@ -124,7 +117,7 @@ def select_heads(
         mask = HeadMask(layout)
     else:
         if not isinstance(base_mask, HeadMask):
-            raise TypeError(f"base_mask: expected a prunetrain HeadMask or None, got {type(base_mask).__name__}.")
+            raise ValueError(f"base_mask: expected a prunetrain HeadMask or None, got {type(base_mask).__name__}.")
         try:
             base_mask.check_matches(layout.sites)
         except ValueError as err:
@@ -140,6 +133,10 @@ def select_heads(
         groups = [[i] for i in in_scope]
     for group in groups:
         _prune_group(scores, mask, group, amount, min_heads_per_layer, scope)
+    if constraints is not None:
+        from prunetrain.methods.constraints import apply_constraints
+
+        mask = apply_constraints(mask, scores, constraints)
     return mask
 
 
@@ -222,21 +219,28 @@ def iterative_prune(
 
     Step k asks `select_heads` for the cumulative amount min(k * step, target) with `base_mask` = the previous
     step's mask, so the amount convention of `select_heads` holds (fractions of all original heads in scope).
-    `step` and `target` are both fractions (float) or both counts (int). `scorer` is a registry name (`gradient`,
-    `ablation`, `confidence`, `random`; options from `scorer_options`) or a callable `scorer(model, batches)`.
-    `batches` is read once per step, so it must be re-iterable (a list or a DataLoader, not a generator).
-    `evaluate(model)` (optional) is called with the step's mask attached, and before pruning; the model is left
-    without any mask attached by this function.
+    The model is left without any mask attached by this function.
+
+    Args:
+        model: the model.
+        batches: re-iterable batches (a list or a DataLoader, not a generator): read once per step.
+        step: how much more to prune per step; `step` and `target` are both fractions (float) or both counts (int).
+        target: how much to prune in the end.
+        scorer: a registry name (`gradient`, `ablation`, `confidence`, `random`) or a callable
+            `scorer(model, batches)`.
+        scope, kinds, min_heads_per_layer, base_mask: as in `select_heads`.
+        evaluate: optional `evaluate(model)`, called before pruning and after each step with its mask attached.
+        scorer_options: keyword options of a named scorer.
     """
-    _check_amount(step, "step")
-    _check_amount(target, "target")
+    check_amount("step", step)
+    check_amount("target", target)
     if type(step) is not type(target):
-        raise TypeError(f"step, target: both must be fractions (float) or both counts (int), got "
+        raise ValueError(f"step, target: both must be fractions (float) or both counts (int), got "
                         f"{type(step).__name__} {step!r} and {type(target).__name__} {target!r}.")
     if step == 0:
         raise ValueError(f"step: {step!r} would never prune; it must be > 0.")
     if iter(batches) is batches:
-        raise TypeError("batches: a one-shot iterator (e.g. a generator) cannot be re-read at every step; pass a "
+        raise ValueError("batches: a one-shot iterator (e.g. a generator) cannot be re-read at every step; pass a "
                         "list or a DataLoader.")
     score = get_scorer(scorer, **dict(scorer_options or {}))
     net = unwrap_model(model)  # masks go on the inner model (DDP / accelerate wrappers are passed on as given)

@@ -1,18 +1,30 @@
 """The studies of Michel et al. (2019), each a library function that returns JSON-able results and writes figures.
 
-1. `ablate_each_head`      §3.2 / Fig. 1: the metric with each head alone removed, as a change from the full model.
-2. `keep_one_head_per_layer` §3.3 / Table 2: for each layer (site), all heads but the best one removed.
-3. `cross_dataset`         §3.4 / Fig. 2: head scores on two datasets, Spearman rank correlation and a scatter plot.
-4. `pruning_curves_study`  §4.2 / Fig. 3 and §5: metric vs % heads pruned in importance order and in random order
-                           (several seeds), overall and per attention kind.
+1. `ablate_each_head`         §3.2 Table 1 / Fig. 1: the metric with each head alone removed, as a change Δ from
+                              the full model; how many heads change it by more than `threshold`, how many improve it.
+2. `keep_one_head_per_layer`  §3.3 Table 2: for each site (layer × kind), all heads but the best one removed.
+3. `cross_dataset`            §3.4 Fig. 2: the ablation Δ of every head on two datasets, Pearson and Spearman.
+4. `pruning_curves_study`     §4.2 Fig. 3: metric vs % heads pruned, importance order (re-estimated after every
+                              step) against random order (mean and spread over seeds); the largest fraction whose
+                              metric stays within `threshold` of the full model.
+5. `per_kind_curves`          §5 Fig. 4: the same, pruning only one attention kind at a time.
+6. `speed_study`              §4.3: the benchmark (`prunetrain.bench.benchmark`) of the shrunk model at each fraction.
 
-`metric(model) -> float | dict` is any callable (see `prunetrain.methods.curve`: `bleu_metric`, `loss_metric`,
-`accuracy_metric`); with a dict, `key` names the value to use. Higher is better unless `higher_is_better=False`
-(loss).
+`metric(model) -> float | dict` is any callable (see `prunetrain.methods.curve`: `loss_metric`, `accuracy_metric`,
+or `prunetrain.mt.metrics.bleu_metric`); with a dict, `key` names the value to use. Higher is better unless
+`higher_is_better=False` (a loss).
+
+Every study with an `out_dir` writes `<out_dir>/<name>.json`, PNG figures and TensorBoard events
+(`<out_dir>/tensorboard`), shows a progress bar (`prunetrain.utils.progress`), and is **resumable**: each unit of
+work (one masked evaluation, one curve point, one benchmark) is saved to `<name>.partial.json` as soon as it is
+done; calling the study again with the same arguments skips the saved units and returns the same result (with a
+finished `<name>.json` it returns that file's result without any work). Other arguments are refused (ValueError
+naming them) rather than mixed with the saved units.
 """
 
 from __future__ import annotations
 
+import copy
 import json
 import math
 import time
@@ -22,119 +34,341 @@ from typing import Any, Callable, Iterable, Mapping, Sequence
 import torch
 from torch import nn
 
-from prunetrain.methods.curve import Curve, check_fractions, pruning_curve
 from prunetrain.engine.heads import find_heads
-from prunetrain.methods.importance import HeadScores
 from prunetrain.engine.mask import HeadMask
-from prunetrain.utils.plots import _pyplot, curves_figure, save_figure
+from prunetrain.methods.curve import Curve, check_fractions, metric_value, pruning_curve
+from prunetrain.utils.plots import TensorBoardLog, curves_figure, pyplot
+from prunetrain.utils.progress import bar
+from prunetrain.utils.validate import check_positive_float
 
 Metric = Callable[[nn.Module], Any]
+AfterUnit = Callable[[str, Any], None]
+PAPER_SPEEDUP_AT_HALF = 1.175
+"""Michel et al. §4.3 / Table 4: up to +17.5 % inference speed with 50 % of BERT's heads pruned (larger batches)."""
 
 
-def _value(result, key: str) -> float:
-    if isinstance(result, Mapping):
-        if key not in result:
-            raise KeyError(f"metric returned {sorted(result)} but the study needs {key!r}.")
-        return float(result[key])
-    return float(result)
+# -------------------------------------------------------------------------------------------------------------------
+# resumable record of the units of work
+# -------------------------------------------------------------------------------------------------------------------
+class Journal:
+    """Units of a study's work saved as they finish (`<out_dir>/<name>.partial.json`), and the finished result
+    (`<out_dir>/<name>.json`), both tagged with the study's arguments.
+
+    Args:
+        out_dir: the study's directory (None: nothing is saved, nothing resumes).
+        name: the file stem.
+        args: JSON-able arguments that determine the result; a saved run with other arguments is refused.
+    """
+
+    def __init__(self, out_dir: str | Path | None, name: str, args: Mapping[str, Any]):
+        self.args = json.loads(json.dumps(dict(args)))
+        self.units: dict[str, Any] = {}
+        self.finished: dict | None = None
+        self.out = Path(out_dir) if out_dir is not None else None
+        if self.out is None:
+            return
+        self.partial = self.out / f"{name}.partial.json"
+        self.final = self.out / f"{name}.json"
+        for path in (self.final, self.partial):
+            if not path.is_file():
+                continue
+            try:
+                data = json.loads(path.read_text())
+            except (UnicodeDecodeError, json.JSONDecodeError) as err:
+                raise ValueError(f"out_dir: {str(path)!r} is not valid JSON ({err.__class__.__name__}); delete it "
+                                 f"to start again.") from err
+            self._check_args(path, data.get("args"))
+            if path == self.final:
+                self.finished = data
+                return
+            self.units = dict(data.get("units", {}))
+
+    def _check_args(self, path: Path, saved: Any) -> None:
+        if saved == self.args:
+            return
+        saved = saved if isinstance(saved, Mapping) else {}
+        differ = sorted(k for k in set(saved) | set(self.args) if saved.get(k) != self.args.get(k))
+        named = ", ".join(f"{k} (saved {saved.get(k)!r}, now {self.args.get(k)!r})" for k in differ[:4])
+        more = f" and {len(differ) - 4} more" if len(differ) > 4 else ""
+        raise ValueError(f"out_dir: {str(path)!r} holds a run with other arguments: {named}{more}; give another "
+                         f"output directory, or the same arguments to resume it.")
+
+    def done(self, unit: str) -> bool:
+        return unit in self.units
+
+    def record(self, unit: str, value: Any) -> None:
+        self.units[unit] = value
+        if self.out is not None:
+            _write(self.partial, {"args": self.args, "units": self.units})
+
+    def finish(self, result: dict) -> dict:
+        result = {**result, "args": self.args}
+        if self.out is not None:
+            _write(self.final, result)
+            self.partial.unlink(missing_ok=True)
+        return result
+
+
+def _write(path: Path, data) -> None:
+    """Atomic JSON write (a temporary file renamed over `path`)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(json.dumps(data, indent=1))
+    tmp.replace(path)
+
+
+def _layout_args(model: nn.Module) -> list:
+    return [[site.name, site.num_heads] for site in find_heads(model)]
 
 
 def _measure(model: nn.Module, metric: Metric, key: str, mask: HeadMask | None = None) -> float:
     with torch.no_grad():
         if mask is None:
-            return _value(metric(model), key)
+            return metric_value(metric(model), key)[0]
         with mask.applied(model):
-            return _value(metric(model), key)
+            return metric_value(metric(model), key)[0]
 
 
-def ablate_each_head(model: nn.Module, metric: Metric, *, key: str = "value", out_dir: str | Path | None = None,
-                     progress: Callable[[str], None] | None = None) -> dict:
-    """Michel §3.2: remove one head at a time; `delta = metric(without head) − metric(full)`.
+class _Outputs:
+    """PNG files and a TensorBoard log under one study directory (nothing when `out_dir` is None)."""
 
-    Cost: 1 + (number of heads) evaluations of the metric. Writes `ablation.json` and `ablation_hist.png`.
-    """
+    def __init__(self, out_dir: str | Path | None, study: str):
+        self.out = Path(out_dir) if out_dir is not None else None
+        self.study = study
+        self.tb = TensorBoardLog(self.out / "tensorboard") if self.out is not None else None
+
+    def figure(self, fig, filename: str) -> None:
+        if self.out is None:
+            pyplot().close(fig)
+            return
+        self.out.mkdir(parents=True, exist_ok=True)
+        fig.savefig(self.out / filename, dpi=110)
+        self.tb.figure(f"{self.study}/{Path(filename).stem}", fig, 0)  # closes the figure
+
+    def scalar(self, tag: str, value: float, step: int) -> None:
+        if self.tb is not None and value is not None and math.isfinite(value):
+            self.tb.scalar(f"{self.study}/{tag}", value, step)
+
+    def close(self) -> None:
+        if self.tb is not None:
+            self.tb.close()
+
+
+def _ablation_rows(model, metric, key, journal: Journal, prefix: str, desc: str, after_unit) -> tuple[float, list]:
+    """Base value and one row per head (`value`, `delta`), each masked evaluation a saved unit."""
+    layout = find_heads(model)
+    units = [(f"{prefix}base", None)] + [(f"{prefix}{site.name}/{head}", (site, head))
+                                         for site in layout for head in range(site.num_heads)]
+    for unit, spec in bar(units, total=len(units), desc=desc, unit="eval"):
+        if journal.done(unit):
+            continue
+        mask = None if spec is None else HeadMask.from_heads(model, {spec[0].name: [spec[1]]})
+        journal.record(unit, _measure(model, metric, key, mask))
+        if after_unit is not None:
+            after_unit(unit, journal.units[unit])
+    base = journal.units[f"{prefix}base"]
+    rows = []
+    for unit, spec in units[1:]:
+        site, head = spec
+        value = journal.units[unit]
+        rows.append({"site": site.name, "kind": site.kind, "layer": site.layer, "head": head, "value": value,
+                     "delta": value - base})
+    return base, rows
+
+
+def _eval_mode(model: nn.Module):
     was_training = model.training
     model.eval()
+    return was_training
+
+
+# -------------------------------------------------------------------------------------------------------------------
+# §3.2: ablating one head
+# -------------------------------------------------------------------------------------------------------------------
+def ablate_each_head(model: nn.Module, metric: Metric, *, key: str = "value", higher_is_better: bool = True,
+                     threshold: float = 0.5, out_dir: str | Path | None = None, args: Mapping | None = None,
+                     after_unit: AfterUnit | None = None) -> dict:
+    """Michel §3.2: remove one head at a time; `delta = metric(without head) − metric(full)`.
+
+    Cost: 1 + (number of heads) evaluations of the metric. Writes `ablation.json`, `ablation_hist.png` and a
+    TensorBoard entry (Δ per head, in layout order).
+
+    Args:
+        model: the model.
+        metric: `metric(model) -> float | dict`.
+        key: the entry of a dict-valued metric.
+        higher_is_better: False for a loss (an improvement is then a negative Δ).
+        threshold: |Δ| above this counts as a change (0.5 BLEU in the paper's discussion).
+        out_dir: where the JSON, figure and TensorBoard events go (None: nothing written, no resume).
+        args: the caller's settings that determine the metric (e.g. data, sentences, beams); saved and compared
+            on resume.
+        after_unit: called as `after_unit(unit, value)` after each unit is saved.
+    """
+    check_positive_float("threshold", threshold, allow_zero=True)
+    journal = Journal(out_dir, "ablation", {"study": "ablate", "key": key, "layout": _layout_args(model),
+                                            **dict(args or {})})
+    if journal.finished is not None:
+        return journal.finished
+    start = time.perf_counter()
+    was_training = _eval_mode(model)
     try:
-        layout = find_heads(model)
-        start = time.perf_counter()
-        base = _measure(model, metric, key)
-        rows = []
-        for site in layout:
-            for head in range(site.num_heads):
-                mask = HeadMask.from_heads(model, {site.name: [head]})
-                value = _measure(model, metric, key, mask)
-                rows.append({"site": site.name, "kind": site.kind, "layer": site.layer, "head": head,
-                             "value": value, "delta": value - base})
-                if progress:
-                    progress(f"ablate {site.name} head {head}: {value:.3f} ({value - base:+.3f})")
+        base, rows = _ablation_rows(model, metric, key, journal, "", "ablate", after_unit)
     finally:
         model.train(was_training)
     deltas = [r["delta"] for r in rows]
-    result = {"study": "ablate_each_head", "metric": key, "base": base, "heads": rows,
-              "seconds": time.perf_counter() - start,
-              "summary": {"num_heads": len(rows), "mean_delta": sum(deltas) / max(1, len(deltas)),
-                          "min_delta": min(deltas, default=0.0), "max_delta": max(deltas, default=0.0)}}
-    if out_dir is not None:
-        out = Path(out_dir)
-        _write(out / "ablation.json", result)
-        plt = _pyplot()
-        fig, ax = plt.subplots(figsize=(5, 3.5))
-        ax.hist(deltas, bins=min(30, max(5, len(deltas) // 3)), color="#4477aa")
-        ax.axvline(0, color="k", lw=0.8)
-        ax.set_xlabel(f"{key} change when the head alone is removed")
-        ax.set_ylabel("heads")
-        ax.set_title(f"ablating each head (base {key} {base:.2f})", fontsize=9)
-        fig.tight_layout()
-        save_figure(fig, out / "ablation_hist.png")
+    sign = 1 if higher_is_better else -1
+    summary = {"num_heads": len(rows), "mean_delta": sum(deltas) / max(1, len(deltas)),
+               "min_delta": min(deltas, default=0.0), "max_delta": max(deltas, default=0.0), "threshold": threshold,
+               "num_changed": sum(abs(d) > threshold for d in deltas),
+               "num_worse": sum(sign * d < -threshold for d in deltas),
+               "num_improving": sum(sign * d > 0 for d in deltas),
+               "num_improving_beyond_threshold": sum(sign * d > threshold for d in deltas)}
+    result = journal.finish({"study": "ablate", "metric": key, "base": base, "heads": rows, "summary": summary,
+                             "seconds": time.perf_counter() - start})
+    out = _Outputs(out_dir, "ablate")
+    for i, d in enumerate(deltas):
+        out.scalar("delta", d, i)
+    plt = pyplot()
+    fig, ax = plt.subplots(figsize=(5, 3.5))
+    ax.hist(deltas, bins=min(30, max(5, len(deltas) // 3)), color="#4477aa")
+    ax.axvline(0, color="k", lw=0.8)
+    for x in (-threshold, threshold):
+        ax.axvline(x, color="#aa3377", lw=0.8, ls="--")
+    ax.set_xlabel(f"{key} change when the head alone is removed")
+    ax.set_ylabel("heads")
+    ax.set_title(f"ablating each head (base {key} {base:.2f}; |Δ| > {threshold:g}: {summary['num_changed']} "
+                 f"of {len(rows)})", fontsize=9)
+    fig.tight_layout()
+    out.figure(fig, "ablation_hist.png")
+    out.close()
     return result
+
+
+# -------------------------------------------------------------------------------------------------------------------
+# §3.3: all heads but one
+# -------------------------------------------------------------------------------------------------------------------
+def _best_from_ablation(ablation: Mapping, layout, higher_is_better: bool) -> dict[str, int]:
+    """Per site, the head whose removal alone hurts most (the most important one)."""
+    rows = ablation.get("heads") if isinstance(ablation, Mapping) else None
+    if not isinstance(rows, list):
+        raise ValueError("ablation: not an ablate_each_head result (no 'heads' list).")
+    have = {(r.get("site"), r.get("head")): r.get("delta") for r in rows if isinstance(r, Mapping)}
+    best = {}
+    for site in layout:
+        if site.num_heads == 0:
+            continue
+        deltas = {h: have.get((site.name, h)) for h in range(site.num_heads)}
+        if any(not isinstance(d, (int, float)) for d in deltas.values()):
+            raise ValueError(f"ablation: holds no delta for every head of site {site.name!r}; it was computed for "
+                             f"another model layout.")
+        best[site.name] = min(deltas, key=lambda h: deltas[h] if higher_is_better else -deltas[h])
+    return best
 
 
 def keep_one_head_per_layer(model: nn.Module, metric: Metric, *, key: str = "value",
-                            ablation: Mapping | None = None, higher_is_better: bool = True,
-                            out_dir: str | Path | None = None,
-                            progress: Callable[[str], None] | None = None) -> dict:
-    """Michel §3.3: for each site, remove every head but one (the best: the head whose removal alone hurts most,
-    from `ablation` or, if not given, by trying each head as the one kept) and evaluate; the other sites are full.
+                            ablation: Mapping | None = None, higher_is_better: bool = True, threshold: float = 0.5,
+                            out_dir: str | Path | None = None, args: Mapping | None = None,
+                            after_unit: AfterUnit | None = None) -> dict:
+    """Michel §3.3 / Table 2: for each site, remove every head but one and evaluate (the other sites are full).
+    The head kept is the best one: with `ablation` (an `ablate_each_head` result) the head whose removal alone
+    hurts most (one evaluation per site), else the best of trying each head as the one kept.
+
+    Writes `one_head_per_layer.json`, `.md` (a table), `.png` (Δ per site) and a TensorBoard entry.
+
+    Args:
+        model: the model.
+        metric: `metric(model) -> float | dict`.
+        key: the entry of a dict-valued metric.
+        ablation: an `ablate_each_head` result to pick the best head from.
+        higher_is_better: False for a loss.
+        threshold: a site "survives" with one head when its Δ is no worse than −threshold.
+        out_dir: where the files go (None: nothing written, no resume).
+        args: the caller's settings that determine the metric; saved and compared on resume.
+        after_unit: called as `after_unit(unit, value)` after each unit is saved.
     """
-    was_training = model.training
-    model.eval()
+    check_positive_float("threshold", threshold, allow_zero=True)
+    layout = find_heads(model)
+    chosen = _best_from_ablation(ablation, layout, higher_is_better) if ablation is not None else None
+    journal = Journal(out_dir, "one_head_per_layer",
+                      {"study": "one-head", "key": key, "layout": _layout_args(model), "from_ablation": chosen,
+                       **dict(args or {})})
+    if journal.finished is not None:
+        return journal.finished
+    start = time.perf_counter()
+    sites = [site for site in layout if site.num_heads > 0]
+    units = [("base", None, None)] + [(f"{site.name}/keep{h}", site, h) for site in sites
+                                      for h in ([chosen[site.name]] if chosen else range(site.num_heads))]
+    was_training = _eval_mode(model)
     try:
-        layout = find_heads(model)
-        base = _measure(model, metric, key)
-        rows = []
-        for site in layout:
-            if site.num_heads == 0:
+        for unit, site, head in bar(units, total=len(units), desc="one head per layer", unit="eval"):
+            if journal.done(unit):
                 continue
-            candidates = range(site.num_heads)
-            if ablation is not None:
-                deltas = {r["head"]: r["delta"] for r in ablation["heads"] if r["site"] == site.name}
-                best = min(deltas, key=lambda h: deltas[h] if higher_is_better else -deltas[h])
-                candidates = [best]
-            results = []
-            for head in candidates:
-                mask = HeadMask.from_heads(model, {site.name: [h for h in range(site.num_heads) if h != head]})
-                results.append((head, _measure(model, metric, key, mask)))
-            head, value = max(results, key=lambda r: r[1] if higher_is_better else -r[1])
-            rows.append({"site": site.name, "kind": site.kind, "layer": site.layer, "kept_head": head,
-                         "value": value, "delta": value - base})
-            if progress:
-                progress(f"only head {head} in {site.name}: {value:.3f} ({value - base:+.3f})")
+            mask = None if site is None else HeadMask.from_heads(
+                model, {site.name: [h for h in range(site.num_heads) if h != head]})
+            journal.record(unit, _measure(model, metric, key, mask))
+            if after_unit is not None:
+                after_unit(unit, journal.units[unit])
     finally:
         model.train(was_training)
-    result = {"study": "keep_one_head_per_layer", "metric": key, "base": base, "layers": rows}
-    if out_dir is not None:
-        out = Path(out_dir)
-        _write(out / "one_head_per_layer.json", result)
-        lines = ["| site | kind | layer | kept head | " + key + " | Δ |", "|---|---|---|---|---|---|"]
+    base = journal.units["base"]
+    sign = 1 if higher_is_better else -1
+    rows = []
+    for site in sites:
+        tried = {h: journal.units[f"{site.name}/keep{h}"]
+                 for h in ([chosen[site.name]] if chosen else range(site.num_heads))}
+        head = max(tried, key=lambda h: sign * tried[h])
+        rows.append({"site": site.name, "kind": site.kind, "layer": site.layer, "kept_head": head,
+                     "value": tried[head], "delta": tried[head] - base, "tried": {str(h): v for h, v in tried.items()},
+                     "survives": sign * (tried[head] - base) >= -threshold})
+    summary = {"num_sites": len(rows), "threshold": threshold, "num_surviving": sum(r["survives"] for r in rows),
+               "head_choice": "ablation" if chosen else "tried each"}
+    result = journal.finish({"study": "one-head", "metric": key, "base": base, "layers": rows, "summary": summary,
+                             "seconds": time.perf_counter() - start})
+    out = _Outputs(out_dir, "one-head")
+    if out.out is not None:
+        lines = [f"| site | kind | layer | kept head | {key} | Δ | within {threshold:g} |", "|---|---|---|---|---|---|---|"]
         lines += [f"| {r['site']} | {r['kind']} | {r['layer']} | {r['kept_head']} | {r['value']:.2f} | "
-                  f"{r['delta']:+.2f} |" for r in rows]
-        (out / "one_head_per_layer.md").write_text(f"Base {key}: {base:.2f}\n\n" + "\n".join(lines) + "\n")
+                  f"{r['delta']:+.2f} | {'yes' if r['survives'] else 'no'} |" for r in rows]
+        (out.out / "one_head_per_layer.md").write_text(f"Base {key}: {base:.2f}\n\n" + "\n".join(lines) + "\n")
+    for i, r in enumerate(rows):
+        out.scalar("delta", r["delta"], i)
+    out.figure(_sites_figure(rows, key, f"only the best head kept in one site (base {key} {base:.2f})"),
+               "one_head_per_layer.png")
+    out.close()
     return result
 
 
+KIND_COLORS = {"encoder_self": "#4477aa", "decoder_self": "#ee6677", "cross": "#228833", "self": "#4477aa"}
+
+
+def _sites_figure(rows, key: str, title: str):
+    plt = pyplot()
+    fig, ax = plt.subplots(figsize=(max(4.5, 0.35 * len(rows) + 2), 3.6))
+    colors = [KIND_COLORS.get(r["kind"], "#999999") for r in rows]
+    ax.bar(range(len(rows)), [r["delta"] for r in rows], color=colors)
+    ax.set_xticks(range(len(rows)), labels=[f"{r['kind']} {r['layer']}" for r in rows], rotation=90, fontsize=6)
+    ax.axhline(0, color="k", lw=0.8)
+    ax.set_ylabel(f"{key} change")
+    ax.set_title(title, fontsize=9)
+    fig.tight_layout()
+    return fig
+
+
+# -------------------------------------------------------------------------------------------------------------------
+# §3.4: two datasets
+# -------------------------------------------------------------------------------------------------------------------
+def pearson(a: Sequence[float], b: Sequence[float]) -> float:
+    """Pearson correlation r = cov(a, b) / (σ_a σ_b) (NaN when either sequence is constant)."""
+    if len(a) != len(b) or len(a) < 2:
+        raise ValueError(f"pearson: need two sequences of the same length >= 2, got {len(a)} and {len(b)}.")
+    ma, mb = sum(a) / len(a), sum(b) / len(b)
+    cov = sum((x - ma) * (y - mb) for x, y in zip(a, b))
+    var = math.sqrt(sum((x - ma) ** 2 for x in a) * sum((y - mb) ** 2 for y in b))
+    return cov / var if var else float("nan")
+
+
 def spearman(a: Sequence[float], b: Sequence[float]) -> float:
-    """Spearman rank correlation (average ranks for ties)."""
+    """Spearman rank correlation: Pearson's r of the ranks (average ranks for ties)."""
     if len(a) != len(b) or len(a) < 2:
         raise ValueError(f"spearman: need two sequences of the same length >= 2, got {len(a)} and {len(b)}.")
 
@@ -151,78 +385,358 @@ def spearman(a: Sequence[float], b: Sequence[float]) -> float:
             i = j + 1
         return out
 
-    ra, rb = ranks(list(a)), ranks(list(b))
-    ma, mb = sum(ra) / len(ra), sum(rb) / len(rb)
-    cov = sum((x - ma) * (y - mb) for x, y in zip(ra, rb))
-    var = math.sqrt(sum((x - ma) ** 2 for x in ra) * sum((y - mb) ** 2 for y in rb))
-    return cov / var if var else float("nan")
+    return pearson(ranks(list(a)), ranks(list(b)))
 
 
-def cross_dataset(scores_a: HeadScores, scores_b: HeadScores, *, names: tuple[str, str] = ("dataset A", "dataset B"),
-                  out_dir: str | Path | None = None) -> dict:
-    """Michel §3.4: how well head scores (importance, or ablation deltas as HeadScores) agree across two datasets."""
-    if scores_a.layout.names != scores_b.layout.names:
-        raise ValueError("scores_b: computed for another model layout than scores_a.")
-    a, b = scores_a.flat().tolist(), scores_b.flat().tolist()
-    rho = spearman(a, b)
-    result = {"study": "cross_dataset", "datasets": list(names), "spearman": rho, "num_heads": len(a),
-              "scores_a": a, "scores_b": b}
-    if out_dir is not None:
-        out = Path(out_dir)
-        _write(out / "cross_dataset.json", result)
-        plt = _pyplot()
-        fig, ax = plt.subplots(figsize=(4.2, 4))
-        ax.scatter(a, b, s=10, alpha=0.7)
-        ax.set_xlabel(names[0])
-        ax.set_ylabel(names[1])
-        ax.set_title(f"head scores across datasets (Spearman ρ = {rho:.2f})", fontsize=9)
-        fig.tight_layout()
-        save_figure(fig, out / "cross_dataset.png")
+def cross_dataset(model: nn.Module, metrics: Sequence[Metric], *, key: str = "value",
+                  names: Sequence[str] = ("dataset A", "dataset B"), out_dir: str | Path | None = None,
+                  args: Mapping | None = None, after_unit: AfterUnit | None = None) -> dict:
+    """Michel §3.4 / Fig. 2: the ablation Δ of every head (as in `ablate_each_head`) on two datasets, and how well
+    they agree: Pearson's r of the Δs and Spearman's ρ of their ranks. Writes `cross_dataset.json`,
+    `cross_dataset.png` (scatter, one point per head) and a TensorBoard entry.
+
+    Args:
+        model: the model.
+        metrics: two metrics, one per dataset.
+        key: the entry of dict-valued metrics.
+        names: the datasets' names.
+        out_dir: where the files go (None: nothing written, no resume).
+        args: the caller's settings that determine the metrics; saved and compared on resume.
+        after_unit: called as `after_unit(unit, value)` after each unit is saved.
+    """
+    if len(metrics) != 2 or len(names) != 2:
+        raise ValueError(f"metrics: need exactly two metrics and two names, got {len(metrics)} and {len(names)}.")
+    journal = Journal(out_dir, "cross_dataset", {"study": "cross-dataset", "key": key, "datasets": list(names),
+                                                 "layout": _layout_args(model), **dict(args or {})})
+    if journal.finished is not None:
+        return journal.finished
+    start = time.perf_counter()
+    was_training = _eval_mode(model)
+    try:
+        base_a, rows_a = _ablation_rows(model, metrics[0], key, journal, "a:", f"ablate on {names[0]}", after_unit)
+        base_b, rows_b = _ablation_rows(model, metrics[1], key, journal, "b:", f"ablate on {names[1]}", after_unit)
+    finally:
+        model.train(was_training)
+    a, b = [r["delta"] for r in rows_a], [r["delta"] for r in rows_b]
+    heads = [{"site": ra["site"], "kind": ra["kind"], "layer": ra["layer"], "head": ra["head"],
+              "delta_a": ra["delta"], "delta_b": rb["delta"]} for ra, rb in zip(rows_a, rows_b)]
+    r, rho = pearson(a, b), spearman(a, b)
+    result = journal.finish({"study": "cross-dataset", "metric": key, "datasets": list(names),
+                             "base": [base_a, base_b], "pearson": r, "spearman": rho, "num_heads": len(heads),
+                             "heads": heads, "seconds": time.perf_counter() - start})
+    out = _Outputs(out_dir, "cross-dataset")
+    out.scalar("pearson", r, 0)
+    out.scalar("spearman", rho, 0)
+    plt = pyplot()
+    fig, ax = plt.subplots(figsize=(4.4, 4.2))
+    for kind in dict.fromkeys(h["kind"] for h in heads):
+        ax.scatter([h["delta_a"] for h in heads if h["kind"] == kind], [h["delta_b"] for h in heads
+                   if h["kind"] == kind], s=12, alpha=0.75, color=KIND_COLORS.get(kind), label=kind)
+    ax.axhline(0, color="k", lw=0.5)
+    ax.axvline(0, color="k", lw=0.5)
+    ax.set_xlabel(f"{key} change, {names[0]}")
+    ax.set_ylabel(f"{key} change, {names[1]}")
+    ax.set_title(f"ablating each head on two datasets\nPearson r = {r:.2f}, Spearman ρ = {rho:.2f}", fontsize=9)
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    out.figure(fig, "cross_dataset.png")
+    out.close()
     return result
+
+
+# -------------------------------------------------------------------------------------------------------------------
+# §4 and §5: pruning curves
+# -------------------------------------------------------------------------------------------------------------------
+def _resumable_curve(model, metric, key, journal: Journal, name: str, fractions: list[float], after_unit,
+                     **curve_kwargs) -> dict:
+    """`pruning_curve` whose points are saved units: a saved point is not evaluated again (its mask still is
+    computed, deterministically), a finished curve is not computed again."""
+    if journal.done(f"curve:{name}"):
+        return journal.units[f"curve:{name}"]
+    calls = iter(fractions)
+
+    def cached(m):
+        unit = f"{name}@{next(calls):g}"
+        if not journal.done(unit):
+            value, details = metric_value(metric(m), key)
+            journal.record(unit, {key: value, **details})
+            if after_unit is not None:
+                after_unit(unit, journal.units[unit])
+        return journal.units[unit]
+
+    curve = pruning_curve(model, cached, fractions=fractions, key=key, metric_name=key, **curve_kwargs).to_dict()
+    for point in curve["points"]:
+        point["seconds"] = None  # a resumed point has no time of its own: none is kept, so results compare equal
+    journal.record(f"curve:{name}", curve)
+    return curve
+
+
+def within(fractions: Sequence[float], values: Sequence[float], base: float, threshold: float,
+           higher_is_better: bool = True) -> float:
+    """The largest fraction f such that the metric at f and at every smaller fraction is no worse than
+    `base − threshold` (0.0 if already the first point is worse)."""
+    sign = 1 if higher_is_better else -1
+    best = 0.0
+    for f, v in sorted(zip(fractions, values)):
+        if sign * (v - base) < -threshold:
+            break
+        best = f
+    return best
+
+
+def _spread(curves: Sequence[dict]) -> dict:
+    """Mean, standard deviation, min and max over curves, per fraction."""
+    fractions = [p["fraction"] for p in curves[0]["points"]]
+    out = {"fractions": fractions, "mean": [], "std": [], "min": [], "max": []}
+    for i in range(len(fractions)):
+        vals = [c["points"][i]["value"] for c in curves]
+        mean = sum(vals) / len(vals)
+        out["mean"].append(mean)
+        out["std"].append(math.sqrt(sum((v - mean) ** 2 for v in vals) / (len(vals) - 1)) if len(vals) > 1 else 0.0)
+        out["min"].append(min(vals))
+        out["max"].append(max(vals))
+    return out
+
+
+def _base_value(model, metric, key, journal: Journal, curves: Mapping[str, dict], after_unit) -> float:
+    """The full model's value: the curves' point at fraction 0 when there is one, else one saved evaluation."""
+    for curve in curves.values():
+        if curve["points"] and curve["points"][0]["fraction"] == 0:
+            return curve["points"][0]["value"]
+    if not journal.done("base"):
+        journal.record("base", _measure(model, metric, key))
+        if after_unit is not None:
+            after_unit("base", journal.units["base"])
+    return journal.units["base"]
 
 
 def pruning_curves_study(model: nn.Module, metric: Metric, batches: Iterable, *, key: str = "value",
                          fractions: Sequence[float] = tuple(round(0.1 * i, 1) for i in range(10)),
-                         random_seeds: Sequence[int] = (0, 1, 2), iterative: bool = True, by_kind: bool = True,
-                         out_dir: str | Path | None = None, progress: Callable[[str], None] | None = None) -> dict:
-    """Michel §4.2 / §5: metric vs % of heads pruned — importance order (iterative re-estimation by default, as
-    in the paper) against random order with several seeds, and, with `by_kind`, pruning only one attention kind at
-    a time (fractions of that kind's heads). Reports the mean time per curve point."""
+                         random_seeds: Sequence[int] = (0, 1, 2), iterative: bool = True,
+                         higher_is_better: bool = True, threshold: float = 0.5,
+                         out_dir: str | Path | None = None, args: Mapping | None = None,
+                         after_unit: AfterUnit | None = None) -> dict:
+    """Michel §4.2 / Fig. 3: metric vs % of heads pruned — importance order (re-estimated on the pruned model after
+    every step when `iterative`, as in the paper; the grid must then be evenly spaced from 0) against random order
+    (one curve per seed; mean, std, min and max per fraction). For each order, `within_threshold` is the largest
+    fraction up to which the metric stays within `threshold` of the full model (`within`).
+
+    Writes `pruning_curves.json`, `pruning_curves.png` (importance, random mean ± spread) and a TensorBoard entry.
+
+    Args:
+        model: the model.
+        metric: `metric(model) -> float | dict`.
+        batches: batches for importance.
+        key: the entry of a dict-valued metric.
+        fractions: shares of all heads to prune.
+        random_seeds: seeds of the random-order curves.
+        iterative: re-estimate importance between fractions.
+        higher_is_better: False for a loss.
+        threshold: the tolerated loss of metric for `within_threshold`.
+        out_dir: where the files go (None: nothing written, no resume).
+        args: the caller's settings that determine the metric and batches; saved and compared on resume.
+        after_unit: called as `after_unit(unit, value)` after each unit is saved.
+    """
     fractions = check_fractions(fractions)
+    check_positive_float("threshold", threshold, allow_zero=True)
+    seeds = [int(s) for s in random_seeds]
+    journal = Journal(out_dir, "pruning_curves",
+                      {"study": "curves", "key": key, "fractions": fractions, "seeds": seeds, "iterative": iterative,
+                       "layout": _layout_args(model), **dict(args or {})})
+    if journal.finished is not None:
+        return journal.finished
+    start = time.perf_counter()
     batches = list(batches)
-    curves: dict[str, Curve] = {}
-    curves["importance"] = pruning_curve(model, metric, fractions=fractions, batches=batches, iterative=iterative,
-                                         key=key, metric_name=key)
-    for seed in random_seeds:
-        curves[f"random_seed{seed}"] = pruning_curve(model, metric, fractions=fractions, order="random", seed=seed,
-                                                     key=key, metric_name=key)
-    layout = find_heads(model)
-    if by_kind and len(layout.kinds) > 1:
-        for kind in layout.kinds:
-            curves[f"kind_{kind}"] = pruning_curve(model, metric, fractions=fractions, batches=batches,
-                                                   iterative=False, kinds=[kind], scope="kind", key=key,
-                                                   metric_name=key)
-    points = [p for c in curves.values() for p in c.points]
-    result = {"study": "pruning_curves", "metric": key, "curves": {k: c.to_dict() for k, c in curves.items()},
-              "seconds_per_point": sum(p.seconds for p in points) / max(1, len(points))}
-    if progress:
-        progress(f"{len(points)} curve points, {result['seconds_per_point']:.2f} s per point")
-    if out_dir is not None:
-        out = Path(out_dir)
-        _write(out / "pruning_curves.json", result)
-        main = {name: (c.fractions, c.values) for name, c in curves.items() if not name.startswith("kind_")}
-        save_figure(curves_figure(main, ylabel=key, title="importance vs random order"), out / "pruning_curves.png")
-        kinds = {name.removeprefix("kind_"): (c.fractions, c.values) for name, c in curves.items()
-                 if name.startswith("kind_")}
-        if kinds:
-            fig = curves_figure(kinds, ylabel=key, title="pruning one attention kind (% of that kind's heads)")
-            save_figure(fig, out / "pruning_curves_by_kind.png")
+    specs = [("importance", dict(batches=batches, iterative=iterative))]
+    specs += [(f"random_seed{s}", dict(order="random", seed=s)) for s in seeds]
+    curves = {name: _resumable_curve(model, metric, key, journal, name, fractions, after_unit, **kw)
+              for name, kw in bar(specs, total=len(specs), desc="pruning curves", unit="curve")}
+    base = _base_value(model, metric, key, journal, curves, after_unit)
+    randoms = [curves[f"random_seed{s}"] for s in seeds]
+    spread = _spread(randoms) if randoms else None
+    imp = curves["importance"]
+    summary = {"base": base, "threshold": threshold,
+               "importance_within_threshold": within(fractions, [p["value"] for p in imp["points"]], base,
+                                                     threshold, higher_is_better),
+               "random_mean_within_threshold": (within(fractions, spread["mean"], base, threshold, higher_is_better)
+                                                if spread else None)}
+    result = journal.finish({"study": "curves", "metric": key, "curves": curves, "random": spread,
+                             "summary": summary, "seconds": time.perf_counter() - start})
+    out = _Outputs(out_dir, "curves")
+    for name, curve in curves.items():
+        for p in curve["points"]:
+            out.scalar(name, p["value"], round(100 * p["fraction"]))
+    plt = pyplot()
+    fig, ax = plt.subplots(figsize=(5.5, 3.8))
+    xs = [100 * f for f in fractions]
+    ax.plot(xs, [p["value"] for p in imp["points"]], marker="o", ms=3, label="importance" +
+            (" (iterative)" if iterative else ""))
+    if spread:
+        ax.plot(xs, spread["mean"], marker="s", ms=3, label=f"random (mean of {len(seeds)})")
+        ax.fill_between(xs, spread["min"], spread["max"], alpha=0.25, label="random (min–max)")
+    ax.axhline(base - threshold if higher_is_better else base + threshold, color="k", lw=0.6, ls="--",
+               label=f"full − {threshold:g}" if higher_is_better else f"full + {threshold:g}")
+    ax.set_xlabel("% of heads pruned")
+    ax.set_ylabel(key)
+    ax.set_title("iterative pruning: importance vs random order", fontsize=9)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    out.figure(fig, "pruning_curves.png")
+    out.close()
     return result
 
 
-def _write(path: Path, data) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(data, indent=1))
+def per_kind_curves(model: nn.Module, metric: Metric, batches: Iterable, *, key: str = "value",
+                    fractions: Sequence[float] = tuple(round(0.1 * i, 1) for i in range(10)),
+                    higher_is_better: bool = True, threshold: float = 0.5, out_dir: str | Path | None = None,
+                    args: Mapping | None = None, after_unit: AfterUnit | None = None) -> dict:
+    """Michel §5 / Fig. 4: pruning only one attention kind at a time (e.g. encoder self, decoder self, cross), the
+    fraction counting that kind's heads, in importance order (one-shot importance of the full model); which kind is
+    most sensitive is read from `within_threshold` per kind. Writes `per_kind_curves.json`, `.png`, TensorBoard.
+
+    Args:
+        model: the model (with more than one attention kind).
+        metric: `metric(model) -> float | dict`.
+        batches: batches for importance.
+        key: the entry of a dict-valued metric.
+        fractions: shares of one kind's heads to prune.
+        higher_is_better: False for a loss.
+        threshold: the tolerated loss of metric for `within_threshold`.
+        out_dir: where the files go (None: nothing written, no resume).
+        args: the caller's settings that determine the metric and batches; saved and compared on resume.
+        after_unit: called as `after_unit(unit, value)` after each unit is saved.
+    """
+    fractions = check_fractions(fractions)
+    check_positive_float("threshold", threshold, allow_zero=True)
+    kinds = list(find_heads(model).kinds)
+    if len(kinds) < 2:
+        raise ValueError(f"model: has one attention kind ({', '.join(kinds) or 'none'}); per-kind curves need an "
+                         f"encoder-decoder model with several.")
+    journal = Journal(out_dir, "per_kind_curves", {"study": "per-kind", "key": key, "fractions": fractions,
+                                                   "layout": _layout_args(model), **dict(args or {})})
+    if journal.finished is not None:
+        return journal.finished
+    start = time.perf_counter()
+    batches = list(batches)
+    curves = {kind: _resumable_curve(model, metric, key, journal, kind, fractions, after_unit, batches=batches,
+                                     kinds=[kind], scope="kind")
+              for kind in bar(kinds, total=len(kinds), desc="per-kind curves", unit="kind")}
+    base = _base_value(model, metric, key, journal, curves, after_unit)
+    summary = {"base": base, "threshold": threshold,
+               "within_threshold": {k: within(fractions, [p["value"] for p in c["points"]], base, threshold,
+                                              higher_is_better) for k, c in curves.items()}}
+    ranked = sorted(summary["within_threshold"], key=lambda k: summary["within_threshold"][k])
+    summary["most_sensitive"] = ranked[0]
+    result = journal.finish({"study": "per-kind", "metric": key, "curves": curves, "summary": summary,
+                             "seconds": time.perf_counter() - start})
+    out = _Outputs(out_dir, "per-kind")
+    for kind, curve in curves.items():
+        for p in curve["points"]:
+            out.scalar(kind, p["value"], round(100 * p["fraction"]))
+    series = {k: ([p["fraction"] for p in c["points"]], [p["value"] for p in c["points"]]) for k, c in curves.items()}
+    out.figure(curves_figure(series, ylabel=key, title="pruning one attention kind (% of that kind's heads)"),
+               "per_kind_curves.png")
+    out.close()
+    return result
 
 
-__all__ = ["ablate_each_head", "cross_dataset", "keep_one_head_per_layer", "pruning_curves_study", "spearman"]
+# -------------------------------------------------------------------------------------------------------------------
+# §4.3: speed
+# -------------------------------------------------------------------------------------------------------------------
+def speed_study(model: nn.Module, batches: Iterable, *, fractions: Sequence[float] = (0.1, 0.2, 0.3, 0.4, 0.5, 0.6,
+                0.7, 0.8, 0.9), config=None, out_dir: str | Path | None = None, args: Mapping | None = None,
+                after_unit: AfterUnit | None = None, **bench_options) -> dict:
+    """Michel §4.3: the model shrunk (`shrink`) with the least important `fraction` of heads removed (one-shot
+    importance from `batches`) against the full model, for each fraction, with `prunetrain.bench.benchmark`
+    (interleaved runs; speed-up = median_full / median_pruned), beside the paper's +17.5 % at 50 % (BERT).
+    Writes `speed.json`, `speed.md` (a table), `speed.png` and a TensorBoard entry. Timings need a quiet machine.
+
+    Args:
+        model: the full model (left unchanged; each pruned model is a copy).
+        batches: batches for importance.
+        fractions: shares of all heads to prune (0 is skipped: it is the baseline).
+        config: a `BenchConfig` (default: its defaults), `bench_options` override its fields.
+        out_dir: where the files go (None: nothing written, no resume).
+        args: the caller's settings that determine the importance batches; saved and compared on resume.
+        after_unit: called as `after_unit(unit, value)` after each unit is saved.
+    """
+    from dataclasses import asdict
+
+    from prunetrain.bench import BenchConfig, benchmark
+    from prunetrain.engine.shrink import shrink
+    from prunetrain.methods.importance import head_importance
+    from prunetrain.methods.selection import select_heads
+
+    fractions = [f for f in check_fractions(fractions) if f > 0]
+    if not fractions:
+        raise ValueError("fractions: needs at least one fraction > 0 (0 is the full model, the baseline).")
+    config = BenchConfig.with_options(config, bench_options)
+    settings = {k: v for k, v in asdict(config).items() if k not in ("inputs", "device")}
+    settings = json.loads(json.dumps(settings, default=str))
+    journal = Journal(out_dir, "speed", {"study": "speed", "fractions": fractions, "bench": settings,
+                                         "layout": _layout_args(model), **dict(args or {})})
+    if journal.finished is not None:
+        return journal.finished
+    start = time.perf_counter()
+    scores = head_importance(model, list(batches))
+    for fraction in bar(fractions, total=len(fractions), desc="speed", unit="model"):
+        unit = f"{fraction:g}"
+        if journal.done(unit):
+            continue
+        mask = select_heads(scores, fraction)
+        pruned = copy.deepcopy(model)
+        shrink(pruned, mask)
+        label = f"pruned {round(100 * fraction)}%"
+        bench = benchmark(model, pruned, config, label_b=label)
+        journal.record(unit, {"fraction": fraction, "heads_kept": mask.num_kept, "heads_total": mask.num_heads,
+                              "kept_per_kind": mask.kept_per_kind(), "rows": bench.rows, "meta": bench.meta})
+        del pruned
+        if after_unit is not None:
+            after_unit(unit, journal.units[unit])
+    points = [journal.units[f"{f:g}"] for f in fractions]
+    table = [{"fraction": p["fraction"], "heads_kept": p["heads_kept"], "task": r["task"], "batch": r["batch"],
+              "seq_len": r["seq_len"], "speedup": r["speedup"], "flop_ideal_speedup": r.get("flop_ideal_speedup"),
+              "ms_full": 1e3 * r["a"]["median"], "ms_pruned": 1e3 * r["b"]["median"]}
+             for p in points for r in p["rows"]]
+    result = journal.finish({"study": "speed", "fractions": fractions, "points": points, "table": table,
+                             "paper": {"fraction": 0.5, "speedup": PAPER_SPEEDUP_AT_HALF,
+                                       "what": "Michel et al. §4.3 Table 4: BERT on MNLI, up to +17.5 % with 50 % "
+                                               "of heads pruned"},
+                             "seconds": time.perf_counter() - start})
+    out = _Outputs(out_dir, "speed")
+    lines = ["| pruned | heads kept | task | batch×len | full ms | pruned ms | speed-up | FLOP-ideal |",
+             "|---|---|---|---|---|---|---|---|"]
+    lines += [f"| {100 * t['fraction']:.0f} % | {t['heads_kept']} | {t['task']} | {t['batch']}×{t['seq_len']} | "
+              f"{t['ms_full']:.2f} | {t['ms_pruned']:.2f} | {t['speedup']:.3f} | "
+              f"{'n/a' if t['flop_ideal_speedup'] is None else format(t['flop_ideal_speedup'], '.3f')} |"
+              for t in table]
+    lines.append(f"\nPaper (Michel et al. §4.3, BERT): up to ×{PAPER_SPEEDUP_AT_HALF} with 50 % of heads pruned.")
+    if out.out is not None:
+        (out.out / "speed.md").write_text("\n".join(lines) + "\n")
+    cases = list(dict.fromkeys((t["task"], t["batch"], t["seq_len"]) for t in table))
+    for i, case in enumerate(cases):
+        for t in table:
+            if (t["task"], t["batch"], t["seq_len"]) == case:
+                out.scalar(f"speedup/{case[0]}_b{case[1]}_l{case[2]}", t["speedup"], round(100 * t["fraction"]))
+    plt = pyplot()
+    fig, ax = plt.subplots(figsize=(5.5, 3.8))
+    for case in cases:
+        rows = [t for t in table if (t["task"], t["batch"], t["seq_len"]) == case]
+        ax.plot([100 * t["fraction"] for t in rows], [t["speedup"] for t in rows], marker="o", ms=3,
+                label=f"{case[0]} {case[1]}×{case[2]}")
+    ax.scatter([50], [PAPER_SPEEDUP_AT_HALF], marker="*", s=90, color="k", label="paper (BERT, Table 4)", zorder=5)
+    ax.axhline(1, color="k", lw=0.6)
+    ax.set_xlabel("% of heads pruned")
+    ax.set_ylabel("speed-up over the full model")
+    ax.set_title("speed of the shrunk model", fontsize=9)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    out.figure(fig, "speed.png")
+    out.close()
+    return result
+
+
+__all__ = ["Journal", "PAPER_SPEEDUP_AT_HALF", "ablate_each_head", "cross_dataset", "keep_one_head_per_layer",
+           "pearson", "per_kind_curves", "pruning_curves_study", "speed_study", "spearman", "within"]

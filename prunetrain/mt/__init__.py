@@ -1,3 +1,6 @@
-"""The translation application (German→English recipes): corpora and tokenizer (`data`), translate/evaluate with
-sacreBLEU (`translation`), recipe configs (`recipe`) shipped in `recipes/`, the recipe runner (`runner`), Voita et al.'s
-gate sweeps (`l0_sweep`) and the run report (`report`). The library (engine, methods, training) never imports it."""
+"""The translation application (German→English recipes): corpora, tokenizer and line-exact text I/O (`data`),
+translate/evaluate with sacreBLEU (`translation`), BLEU as a pruning-curve metric (`metrics`), Multi30k fetched and verified
+when no local copy exists (`corpus`), recipe configs validated at load (`recipe`, shipped in `recipes/` as package data),
+run directories (`run_dir`), what every recipe's Trainer shares (`training_setup`), the recipe runner (`runner`),
+Voita et al.'s gate sweeps (`l0_sweep`) and the run report (`report`). The library (engine, methods, training, ...)
+never imports it."""

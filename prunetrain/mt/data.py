@@ -38,7 +38,7 @@ def default_data_dir() -> Path:
     env = os.environ.get(DATA_ENV)
     if env:
         return Path(env).expanduser()
-    return Path(__file__).resolve().parents[1].parent / "shared" / "data"
+    return Path(__file__).resolve().parents[2].parent / "shared" / "data"  # prunetrain/mt/data.py -> <repo>/..
 
 
 def available_splits(directory: str | os.PathLike, src: str = "de", tgt: str = "en") -> list[str]:
@@ -50,27 +50,71 @@ def available_splits(directory: str | os.PathLike, src: str = "de", tgt: str = "
                   if p.is_file() and (directory / f"{p.name[: -len(src) - 1]}.{tgt}").is_file())
 
 
-def _read_lines(path: Path) -> list[str]:
-    """Lines of a UTF-8 file with only the line terminator (`\\n`, or `\\r\\n`) removed.
+def split_lines(text: str) -> list[str]:
+    """The lines of `text`, split at `\\n` only, each without its terminator (`\\n` or `\\r\\n`).
 
-    Splits on `\\n` only (not `str.splitlines`, which also breaks at U+2028, U+0085, form feeds, ... and would
-    silently misalign a parallel corpus). A leading byte-order mark is dropped.
+    Not `str.splitlines`, which also breaks at U+2028, U+0085, form feeds, ... and would silently misalign a parallel
+    corpus or a translation's output with its input: those characters stay inside their line. A final newline ends
+    the last line (it does not start an empty one); a leading byte-order mark is dropped; "" gives no lines.
     """
-    data = path.read_bytes()
-    if not data.strip():
-        raise ValueError(f"read_parallel: {path} is empty" + (" (only whitespace)." if data else " (0 bytes)."))
-    try:
-        text = data.decode("utf-8")
-    except UnicodeDecodeError as err:
-        line = data[: err.start].count(b"\n") + 1
-        raise ValueError(f"read_parallel: {path} is not valid UTF-8: byte offset {err.start} (line {line}) holds "
-                         f"{data[err.start:err.start + 1]!r} ({err.reason}).") from None
     if text.startswith("\ufeff"):
         text = text[1:]
     lines = text.split("\n")
     if lines and lines[-1] == "":
         lines.pop()  # the file's final newline ends the last line; it does not start a new one
     return [line[:-1] if line.endswith("\r") else line for line in lines]
+
+
+def decode_utf8(data: bytes, name: str) -> str:
+    """`data` decoded as UTF-8, or a `ValueError` naming `name`, the byte offset and the line."""
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as err:
+        line = data[: err.start].count(b"\n") + 1
+        raise ValueError(f"{name} is not valid UTF-8: byte offset {err.start} (line {line}) holds "
+                         f"{data[err.start:err.start + 1]!r} ({err.reason}).") from None
+
+
+def read_lines(path: str | os.PathLike, *, allow_empty: bool = True, argument: str = "path") -> list[str]:
+    """The lines of a UTF-8 text file (`split_lines`: split at `\\n` only, terminators removed).
+
+    Args:
+        path: the file.
+        allow_empty: an empty file gives `[]`; with False it is an error (a corpus file must hold sentences).
+        argument: how error messages name the file (e.g. "--input").
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise ValueError(f"{argument}: {str(path)!r} is not a file.")
+    data = path.read_bytes()
+    if not allow_empty and not data.strip():
+        raise ValueError(f"{argument}: {path} is empty" + (" (only whitespace)." if data else " (0 bytes)."))
+    return split_lines(decode_utf8(data, f"{argument}: {path}"))
+
+
+def format_lines(lines: Sequence[str]) -> str:
+    """The text `read_lines` reads back as `lines`: each line followed by `\\n` ("" for no lines).
+
+    Raises ValueError if a line holds a `\\n` (it would become two lines).
+    """
+    for index, line in enumerate(lines):
+        if "\n" in line:
+            raise ValueError(f"lines: line {index + 1} holds a newline; it would be written as two lines.")
+    return "".join(f"{line}\n" for line in lines)
+
+
+def write_lines(path: str | os.PathLike, lines: Sequence[str]) -> Path:
+    """Write `lines` as UTF-8 (`format_lines`), via a temporary file renamed into place (never half-written)."""
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(format_lines(lines), encoding="utf-8", newline="")
+    tmp.replace(path)
+    return path
+
+
+def _read_lines(path: Path) -> list[str]:
+    """A corpus file's lines: non-empty, valid UTF-8 (errors name the file), split at `\\n` only."""
+    return read_lines(path, allow_empty=False, argument="read_parallel")
 
 
 def read_parallel(directory: str | os.PathLike, split: str, src: str = "de", tgt: str = "en",
@@ -208,7 +252,12 @@ def load_tokenizer(path: str | os.PathLike):
     path = Path(path)
     if not (path / "tokenizer.json").is_file():
         raise ValueError(f"load_tokenizer: {path} has no tokenizer.json (saved by prunetrain.data.train_tokenizer).")
-    return PreTrainedTokenizerFast.from_pretrained(path, local_files_only=True)
+    try:
+        return PreTrainedTokenizerFast.from_pretrained(path, local_files_only=True)
+    except Exception as err:  # a damaged file: json, tokenizers and transformers all raise their own types
+        detail = " ".join(str(err).split())[:200]
+        raise ValueError(f"tokenizer: {str(path / 'tokenizer.json')!r} (or its config) could not be read "
+                         f"({type(err).__name__}: {detail}).") from err
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -302,7 +351,7 @@ class TokenBudgetBatchSampler(Sampler[list[int]]):
     The batch count is the same every epoch. An example longer than `max_tokens` gets a batch of its own.
     `set_epoch(e)` picks the epoch (Trainer/accelerate call it); otherwise each iteration advances it by one.
     With `lengths = dataset.lengths` (max of source and target) and max_tokens ~4100 a batch has somewhat under
-    4100 target tokens (FACTS measures throughput at ~4100 target tokens per step).
+    4100 target tokens (the recipes' throughput was measured at ~4100 target tokens per step).
     """
 
     def __init__(self, lengths: Sequence[int], max_tokens: int = 4096, max_sentences: int | None = None,
@@ -382,7 +431,7 @@ def marian_config(vocab_size_or_tokenizer=8000, *, d_model: int = 256, ffn_dim: 
     one embedding matrix shared by encoder, decoder and output layer (`share_encoder_decoder_embeddings=True`,
     `tie_word_embeddings=True`), pad/eos/decoder start from the tokenizer (or the fixed ids `PAD_ID`, `EOS_ID`).
     Any MarianConfig field can be overridden.
-    `attn_implementation="eager"` trained fastest under bf16 autocast on a CPU with avx512_bf16 (FACTS); the default
+    `attn_implementation="eager"` trained fastest under bf16 autocast on a CPU with avx512_bf16 (measured on a 2-core development CPU); the default
     is transformers' (sdpa). On CPUs without native bf16 (see `prunetrain.utils.device`) stay in fp32.
     """
     from transformers import MarianConfig
@@ -411,7 +460,7 @@ def marian_config(vocab_size_or_tokenizer=8000, *, d_model: int = 256, ffn_dim: 
 def marian_config_small(vocab_size_or_tokenizer=8000, **overrides):
     """The CPU-sized setting: 6 encoder + 6 decoder layers, 8 heads per attention (144 heads in all: 48 encoder
     self, 48 decoder self, 48 cross), d_model 256, FFN 1024, tied embeddings; 13.4 M parameters with vocab 8000.
-    About 2.2-3.6k target tokens/s in bf16 autocast on 2 CPU cores (FACTS)."""
+    About 2.2-3.6k target tokens/s in bf16 autocast on 2 CPU cores (measured on an AVX512-BF16 CPU)."""
     return marian_config(vocab_size_or_tokenizer, **{"d_model": 256, "ffn_dim": 1024, **overrides})
 
 
@@ -428,7 +477,7 @@ def steps_per_epoch(dataset: Seq2SeqDataset, max_tokens: int = 4096) -> int:
 
 __all__ = [
     "DECODER_START_ID", "EOS_ID", "PAD_ID", "SPECIAL_TOKENS", "UNK_ID", "Seq2SeqDataset", "TokenBudgetBatchSampler",
-    "available_splits", "build_dataset", "collate_batches", "default_data_dir", "load_hf_parallel", "load_tokenizer", "make_collator",
+    "available_splits", "build_dataset", "decode_utf8", "format_lines", "read_lines", "split_lines", "write_lines", "collate_batches", "default_data_dir", "load_hf_parallel", "load_tokenizer", "make_collator",
     "marian_config", "marian_config_base", "marian_config_small", "read_parallel", "steps_per_epoch",
     "token_budget_dataloader",
     "train_tokenizer",

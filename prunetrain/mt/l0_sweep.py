@@ -19,7 +19,6 @@ Outputs in the run directory: `sweep.json`, `results.md`, `fig7_encoder_sweep.pn
 from __future__ import annotations
 
 import json
-import math
 import time
 from pathlib import Path
 from typing import Callable
@@ -29,8 +28,10 @@ from torch import nn
 
 from prunetrain.engine.heads import KINDS, find_heads
 from prunetrain.engine.mask import HeadMask
-from prunetrain.mt.recipe import GateSweepRecipe, recipe_to_yaml
-from prunetrain.utils.plots import TensorBoardLog, _pyplot
+from prunetrain.mt.recipe import GateSweepRecipe
+from prunetrain.mt.run_dir import mark_complete, prepare_output_dir
+from prunetrain.mt.training_setup import TimeLimitCallback, training_args
+from prunetrain.utils.plots import TensorBoardLog, pyplot
 
 ENCODER_ONLY = "encoder-only"
 ALL_KINDS = "all-kinds"
@@ -63,15 +64,12 @@ def source_train_steps(source: str | Path) -> int | None:
 
 def source_recipe(source: str | Path):
     """The translation recipe the source run was made with (its `recipe.yaml`), or None."""
-    from prunetrain.mt.runner import RUN_MARKER
     from prunetrain.mt.recipe import recipe_from_dict
+    from prunetrain.mt.run_dir import RUN_MARKER, stored_recipe
 
-    path = Path(source) / RUN_MARKER
-    if not path.is_file():
+    if not (Path(source) / RUN_MARKER).is_file():
         return None
-    import yaml
-
-    return recipe_from_dict(yaml.safe_load(path.read_text()))
+    return recipe_from_dict(stored_recipe(source, argument="source"))
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -88,8 +86,6 @@ def kept_per_layer(mask: HeadMask) -> dict[str, list[int]]:
 
 def _training_args(out: Path, *, steps: int, batch_size: int, learning_rate: float, label_smoothing: float,
                    seed: int, bf16: bool, logging_steps: int, warmup_steps: int = 0, scheduler: str = "constant"):
-    from prunetrain.mt.runner import training_args
-
     return training_args(out / "trainer", max_steps=steps, per_device_train_batch_size=batch_size,
                          learning_rate=learning_rate, lr_scheduler_type=scheduler, warmup_steps=warmup_steps,
                          label_smoothing_factor=label_smoothing, bf16=bf16, seed=seed, logging_steps=logging_steps,
@@ -149,30 +145,6 @@ def gate_run(model: nn.Module, tokenizer, train_set, valid_pairs, out: Path, *, 
 # ---------------------------------------------------------------------------------------------------------------------
 # the sweep
 # ---------------------------------------------------------------------------------------------------------------------
-def _check_sweep(recipe: GateSweepRecipe) -> None:
-    sweep = recipe.sweep
-    for name in ("encoder_lambdas", "all_lambdas"):
-        for value in getattr(sweep, name):
-            if not math.isfinite(value) or value < 0:
-                raise ValueError(f"sweep.{name}: {value!r} is not a finite λ >= 0.")
-    for value in sweep.budgets:
-        if not 0 < value <= 1:
-            raise ValueError(f"sweep.budgets: {value!r} is not a share of the heads in (0, 1].")
-    if recipe.train.steps < 1:
-        raise ValueError(f"train.steps: {recipe.train.steps} must be at least 1.")
-    if sweep.scratch and not (sweep.scratch_run == "budget" or sweep.scratch_run.startswith("lambda:")):
-        raise ValueError(f"sweep.scratch_run: {sweep.scratch_run!r} is not 'budget' or 'lambda:<value>'.")
-    if sweep.scratch and sweep.scratch_run == "budget" and not sweep.budgets:
-        raise ValueError("sweep.scratch_run: 'budget' needs at least one entry in sweep.budgets.")
-    if sweep.scratch and sweep.scratch_run.startswith("lambda:"):
-        try:
-            wanted = float(sweep.scratch_run.split(":", 1)[1])
-        except ValueError:
-            raise ValueError(f"sweep.scratch_run: {sweep.scratch_run!r} does not name a number after 'lambda:'.")
-        if wanted not in sweep.all_lambdas:
-            raise ValueError(f"sweep.scratch_run: λ {wanted} is not in sweep.all_lambdas {sweep.all_lambdas}.")
-
-
 def _label(group: str, value: float) -> str:
     return f"{group}_{'lam' if group != BUDGET else 'keep'}{value:g}"
 
@@ -182,17 +154,16 @@ def run_gate_sweep(recipe: GateSweepRecipe, out_dir: str | Path, *, data_dir: st
     """Run the whole sweep described by `recipe` into `out_dir`; returns the `sweep.json` content."""
     from prunetrain.mt import data as D
     from prunetrain.utils.device import use_bf16
-    from prunetrain.mt.runner import RUN_MARKER, load_pairs, prepare_output_dir
-    from prunetrain.mt.translation import _find_tokenizer_dir, evaluate_bleu, load_translation_model
+    from prunetrain.engine.model_dir import check_model_dir
+    from prunetrain.mt.runner import load_pairs
+    from prunetrain.mt.translation import evaluate_bleu, load_model_tokenizer, load_translation_model
 
-    _check_sweep(recipe)
     out_dir = Path(out_dir)
-    model_dir = source_model_dir(recipe.source)
-    train_pairs, valid_pairs, _ = load_pairs(recipe, data_dir)
-    prepare_output_dir(out_dir, resume, overwrite)
-    (out_dir / RUN_MARKER).write_text(recipe_to_yaml(recipe))
+    model_dir = check_model_dir(source_model_dir(recipe.source), "source")
+    tokenizer = load_model_tokenizer(model_dir)
+    train_pairs, valid_pairs, _ = load_pairs(recipe, data_dir)  # everything checked before the output is touched
+    prepare_output_dir(out_dir, recipe, resume=resume, overwrite=overwrite, progress=progress)
     started = time.time()
-    tokenizer = D.load_tokenizer(_find_tokenizer_dir(model_dir))
     train_set = D.build_dataset(train_pairs, tokenizer, max_length=recipe.data.max_length)
     valid_pairs = valid_pairs[: recipe.eval.sentences]
     bf16 = use_bf16(recipe.train.precision)
@@ -252,6 +223,7 @@ def run_gate_sweep(recipe: GateSweepRecipe, out_dir: str | Path, *, data_dir: st
     tb.close()
     (out_dir / "sweep.json").write_text(json.dumps(result, indent=1))
     (out_dir / "results.md").write_text(results_markdown(result))
+    mark_complete(out_dir, {"results": "sweep.json", "report": "results.md"})
     progress(f"sweep done in {result['minutes']:.1f} min: {out_dir / 'results.md'}")
     return result
 
@@ -298,9 +270,8 @@ def scratch_run(recipe: GateSweepRecipe, runs: list, model_dir: Path, tokenizer,
     with the source recipe's optimiser settings for as many steps as the source model (or `sweep.scratch_steps`)."""
     from transformers import AutoConfig, MarianMTModel, Seq2SeqTrainer
 
+    from prunetrain.engine.persist import shrink_to_layout
     from prunetrain.mt import data as D
-    from prunetrain.mt.runner import TimeLimitCallback
-    from prunetrain.engine.shrink import shrink
     from prunetrain.mt.translation import evaluate_bleu
 
     sweep = recipe.sweep
@@ -323,9 +294,7 @@ def scratch_run(recipe: GateSweepRecipe, runs: list, model_dir: Path, tokenizer,
     config.prunetrain_heads = None  # a fresh, unpruned architecture first; then the chosen heads are removed
     torch.manual_seed(recipe.train.seed)
     model = MarianMTModel(config)
-    removed = {name: [i for i in range(find_heads(model)[name].num_heads) if i not in kept]
-               for name, kept in chosen["survivors"].items()}
-    shrink(model, HeadMask.from_heads(model, removed))
+    shrink_to_layout(model, chosen["survivors"])
     started = time.time()
     limit = TimeLimitCallback(sweep.scratch_minutes)
     args = _training_args(out, steps=steps, batch_size=pt.batch_size if pt else recipe.train.batch_size,
@@ -397,7 +366,7 @@ def budget_comparison(runs: list) -> list:
 # ---------------------------------------------------------------------------------------------------------------------
 def write_figures(result: dict, out_dir: Path, tb: TensorBoardLog | None = None) -> list[Path]:
     """Fig. 7 (BLEU vs encoder heads), Fig. 9 (heads per kind as pruning grows), Fig. 10 (decoder layers)."""
-    plt = _pyplot()
+    plt = pyplot()
     runs = result["runs"]
     paths = []
     encoder = sorted((r["kept_per_kind"]["encoder_self"], r["bleu"]) for r in runs if r["group"] == ENCODER_ONLY)
@@ -452,7 +421,7 @@ def _emit_figure(fig, path: Path, tb: TensorBoardLog | None, tag: str) -> Path:
     if tb is not None:
         tb.figure(tag, fig, 0)  # closes the figure
     else:
-        _pyplot().close(fig)
+        pyplot().close(fig)
     return path
 
 

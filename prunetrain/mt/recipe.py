@@ -1,10 +1,17 @@
-"""Recipes: YAML files in `recipes/`, validated into dataclasses (unknown keys and wrong types are errors that list
-what is valid). `--set section.key=value` overrides any field.
+"""Recipes: YAML files in `prunetrain/mt/recipes/` (package data), validated into dataclasses when they are loaded.
+
+Unknown keys and wrong types are errors that list what is valid; every value is range-checked by its section's
+`__post_init__` and cross-field rules (a pruning fraction reachable with `min_heads_per_layer`, a pruning schedule
+inside the training epochs, ...) by the recipe's, so `load_recipe` — and `prunetrain recipe X --show` — reports any
+mistake, naming the recipe key, before a run touches its output directory. `--set section.key=value` overrides any
+field.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import math
+import re
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -12,7 +19,46 @@ from typing import Any
 
 import yaml
 
+from prunetrain.utils.validate import check_choice, check_fraction, check_int, check_positive_float
+
 RECIPES_DIR = Path(__file__).resolve().parent / "recipes"  # shipped as package data
+PRECISIONS = ("auto", "bf16", "fp32")
+ATTN_IMPLEMENTATIONS = ("eager", "sdpa", "flex_attention", "flash_attention_2")
+SCOPES = ("global", "layer", "kind")
+MODES = ("mask", "shrink")
+_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
+
+
+def _check_number(key: str, value: float, low: float, high: float | None = None, *, low_open: bool = False,
+                  high_open: bool = False) -> None:
+    """A finite number in [low, high] (open ends where asked), else one sentence naming the recipe key."""
+    too_low = value <= low if low_open else value < low
+    too_high = high is not None and (value >= high if high_open else value > high)
+    if not math.isfinite(value) or too_low or too_high:
+        interval = (("(" if low_open else "[") + f"{low:g}, " +
+                    ("inf)" if high is None else f"{high:g}" + (")" if high_open else "]")))
+        raise ValueError(f"{key}: {value!r} is not allowed; expected a finite number in {interval}.")
+
+
+def _check_fractions(key: str, values) -> None:
+    for value in values:
+        check_fraction(key, value)
+
+
+def _check_counts(key: str, values, minimum: int = 1) -> None:
+    for value in values:
+        check_int(key, value, minimum)
+
+
+def _check_scheduler(key: str, value: str) -> None:
+    from transformers.trainer_utils import SchedulerType
+
+    check_choice(key, value, [s.value for s in SchedulerType])
+
+
+def _pruned_heads(fraction: float, total: int) -> int:
+    """Heads a fraction prunes out of `total` (rounded half up, as `prunetrain.methods.selection.select_heads`)."""
+    return int(math.floor(fraction * total + 0.5 + 1e-9))
 
 
 @dataclass
@@ -26,6 +72,18 @@ class DataConfig:
     vocab_size: int = 8000  # joint subword vocabulary (byte-level BPE) trained on the training split
     max_length: int = 128  # tokens per sentence (longer ones are truncated)
 
+    def __post_init__(self):
+        for key in ("src", "tgt", "test_split"):
+            if not getattr(self, key).strip():
+                raise ValueError(f"data.{key}: an empty string; give a name (e.g. data.src=de).")
+        if self.src == self.tgt:
+            raise ValueError(f"data.tgt: {self.tgt!r} is also data.src; source and target languages must differ.")
+        if self.dir and self.hf_dataset:
+            raise ValueError("data.hf_dataset: set either data.dir or data.hf_dataset, not both.")
+        check_int("data.train_limit", self.train_limit, 0)
+        check_int("data.vocab_size", self.vocab_size, 300)  # byte-level BPE: 256 bytes + 3 special tokens + merges
+        check_int("data.max_length", self.max_length, 2)
+
 
 @dataclass
 class ModelConfig:
@@ -34,7 +92,16 @@ class ModelConfig:
     d_model: int = 256  # sized for CPU; the paper-sized GPU setting is 512 / ffn 2048
     ffn_dim: int = 1024
     dropout: float = 0.1
-    attn_implementation: str = "eager"  # eager + bf16 autocast trains fastest on CPU (FACTS)
+    attn_implementation: str = "eager"  # eager + bf16 autocast trained fastest on a 2-core AVX512-BF16 CPU
+
+    def __post_init__(self):
+        for key in ("layers", "heads", "d_model", "ffn_dim"):
+            check_int(f"model.{key}", getattr(self, key), 1)
+        if self.d_model % self.heads:
+            raise ValueError(f"model.d_model: {self.d_model} is not divisible by model.heads={self.heads}; every "
+                             f"head needs the same width.")
+        _check_number("model.dropout", self.dropout, 0.0, 1.0, high_open=True)
+        check_choice("model.attn_implementation", self.attn_implementation, ATTN_IMPLEMENTATIONS)
 
 
 @dataclass
@@ -53,6 +120,18 @@ class TrainConfig:
     logging_steps: int = 50
     save_total_limit: int = 2
 
+    def __post_init__(self):
+        for key, minimum in (("epochs", 1), ("batch_size", 1), ("warmup_steps", 0), ("seed", 0),
+                             ("logging_steps", 1), ("save_total_limit", 1)):
+            check_int(f"train.{key}", getattr(self, key), minimum)
+        _check_number("train.learning_rate", self.learning_rate, 0.0, low_open=True)
+        _check_number("train.weight_decay", self.weight_decay, 0.0)
+        _check_number("train.label_smoothing", self.label_smoothing, 0.0, 1.0, high_open=True)
+        _check_number("train.max_grad_norm", self.max_grad_norm, 0.0)
+        _check_number("train.max_minutes", self.max_minutes, 0.0)
+        check_choice("train.precision", self.precision, PRECISIONS)
+        _check_scheduler("train.scheduler", self.scheduler)
+
 
 @dataclass
 class PruningConfig:
@@ -69,6 +148,23 @@ class PruningConfig:
     scope: str = "global"  # global | layer | kind
     min_heads_per_layer: int = 1
 
+    def __post_init__(self):
+        _check_counts("pruning.importance_epochs", self.importance_epochs)
+        _check_counts("pruning.curve_epochs", self.curve_epochs)
+        _check_fractions("pruning.curve_fractions", self.curve_fractions)
+        for key in ("curve_sentences", "importance_batches", "importance_batch_size"):
+            check_int(f"pruning.{key}", getattr(self, key), 1)
+        _check_counts("pruning.schedule", self.schedule)  # keys: epochs
+        _check_fractions("pruning.schedule", self.schedule.values())
+        amounts = [self.schedule[epoch] for epoch in sorted(self.schedule)]
+        if any(later < earlier for earlier, later in zip(amounts, amounts[1:])):
+            raise ValueError(f"pruning.schedule: {self.schedule!r} is not allowed; fractions are cumulative, so they "
+                             f"must not decrease from one epoch to the next.")
+        check_choice("pruning.mode", self.mode, MODES)
+        check_fraction("pruning.final_fraction", self.final_fraction)
+        check_choice("pruning.scope", self.scope, SCOPES)
+        check_int("pruning.min_heads_per_layer", self.min_heads_per_layer, 0)
+
 
 @dataclass
 class EvalConfig:
@@ -78,6 +174,11 @@ class EvalConfig:
     curve_batch_size: int = 100
     bench: bool = True  # benchmark original vs shrunk generation at the end
     bench_repeats: int = 3
+
+    def __post_init__(self):
+        for key, minimum in (("num_beams", 1), ("test_limit", 0), ("batch_size", 1), ("curve_batch_size", 1),
+                             ("bench_repeats", 1)):
+            check_int(f"eval.{key}", getattr(self, key), minimum)
 
 
 @dataclass
@@ -93,8 +194,43 @@ class Recipe:
     pruning: PruningConfig = field(default_factory=PruningConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
 
+    def __post_init__(self):
+        _check_header(self, "translation")
+        p, m = self.pruning, self.model
+        if p.min_heads_per_layer > m.heads:
+            raise ValueError(f"pruning.min_heads_per_layer: {p.min_heads_per_layer} is more than model.heads="
+                             f"{m.heads}.")
+        late = sorted(e for e in p.schedule if e > self.train.epochs)
+        if late:
+            raise ValueError(f"pruning.schedule: epoch {late[0]} is after the last training epoch "
+                             f"(train.epochs={self.train.epochs}); that pruning step would never happen.")
+        self._check_reachable("pruning.final_fraction", [p.final_fraction])
+        self._check_reachable("pruning.curve_fractions", p.curve_fractions)
+        self._check_reachable("pruning.schedule", list(p.schedule.values()))
+
+    def _check_reachable(self, key: str, fractions) -> None:
+        """Every site keeps `min_heads_per_layer` heads, so a fraction of a group of sites (all sites for scope
+        global, one kind's for kind, one site for layer) can prune at most (heads − min) per site."""
+        p, m = self.pruning, self.model
+        sites = {"global": 3 * m.layers, "kind": m.layers, "layer": 1}[p.scope]  # Marian: 3 attention kinds
+        total, prunable = sites * m.heads, sites * (m.heads - p.min_heads_per_layer)
+        for fraction in fractions:
+            if _pruned_heads(fraction, total) > prunable:
+                reachable = prunable / total
+                raise ValueError(f"{key}: {fraction!r} is out of reach: with pruning.min_heads_per_layer="
+                                 f"{p.min_heads_per_layer} and model.heads={m.heads} at most {reachable:.4g} of the "
+                                 f"heads (scope {p.scope}) can be pruned.")
+
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
+
+
+def _check_header(recipe, kind: str) -> None:
+    if recipe.kind != kind:
+        raise ValueError(f"kind: {recipe.kind!r} does not match this recipe class (kind {kind!r}).")
+    if not isinstance(recipe.name, str) or not _NAME.fullmatch(recipe.name):
+        raise ValueError(f"name: {recipe.name!r} is not allowed; use letters, digits, '.', '_' and '-' (it names "
+                         f"the run directory checkpoints/<name>).")
 
 
 def _type_name(tp) -> str:
@@ -153,7 +289,11 @@ def _build(cls, data: Any, where: str):
 
 
 def recipe_from_dict(data: dict):
-    """Validate a raw recipe mapping into its dataclass (`Recipe`, or another kind named by `kind:`)."""
+    """Validate a raw recipe mapping into its dataclass (`Recipe`, or another kind named by `kind:`).
+
+    Args:
+        data: the mapping as read from YAML (sections of keys).
+    """
     return _build(recipe_class(data), data, "")
 
 
@@ -173,7 +313,14 @@ def recipe_path(name_or_path: str, directory: Path = RECIPES_DIR) -> Path:
 
 
 def load_recipe(name_or_path: str, overrides: list[str] | None = None, directory: Path = RECIPES_DIR) -> Recipe:
-    """Load a recipe by name (`recipes/<name>.yaml`) or path, then apply `section.key=value` overrides."""
+    """Load a recipe by name (`recipes/<name>.yaml`) or path, apply `section.key=value` overrides and validate it
+    (types, ranges, cross-field rules): any mistake is a `ValueError` naming the recipe key.
+
+    Args:
+        name_or_path: a recipe name (see `available_recipes`) or a path to a `.yaml` file.
+        overrides: `section.key=value` strings, applied in order (the CLI's `--set`).
+        directory: where recipe names are looked up (the package's recipes by default).
+    """
     path = recipe_path(name_or_path, directory)
     try:
         data = yaml.safe_load(path.read_text()) or {}
@@ -193,7 +340,12 @@ def recipe_class(data: dict):
 
 
 def apply_override(data: dict, override: str) -> None:
-    """`section.key=value` (value parsed as YAML: 3, 0.5, true, [1, 2], {5: 0.2}) into the raw recipe mapping."""
+    """`section.key=value` (value parsed as YAML: 3, 0.5, true, [1, 2], {5: 0.2}) into the raw recipe mapping.
+
+    Args:
+        data: the raw recipe mapping, changed in place.
+        override: one `section.key=value` string.
+    """
     if "=" not in override:
         raise ValueError(f"--set: {override!r} is not of the form section.key=value (e.g. train.epochs=3).")
     key, raw = override.split("=", 1)
@@ -248,6 +400,16 @@ class GateTrainConfig:
     seed: int = 0
     logging_steps: int = 10  # heads alive per kind are traced (JSON, TensorBoard) at this interval
 
+    def __post_init__(self):
+        for key, minimum in (("steps", 1), ("batch_size", 1), ("seed", 0), ("logging_steps", 1)):
+            check_int(f"train.{key}", getattr(self, key), minimum)
+        _check_number("train.learning_rate", self.learning_rate, 0.0)  # 0: only the gates learn
+        check_positive_float("train.gate_lr", self.gate_lr)
+        check_positive_float("train.lagrangian_lr", self.lagrangian_lr)
+        _check_number("train.init_log_alpha", self.init_log_alpha, -math.inf)
+        _check_number("train.label_smoothing", self.label_smoothing, 0.0, 1.0, high_open=True)
+        check_choice("train.precision", self.precision, PRECISIONS)
+
 
 @dataclass
 class SweepConfig:
@@ -260,12 +422,40 @@ class SweepConfig:
     scratch_steps: int = 0  # 0: as many steps as the source model was trained for
     scratch_minutes: float = 0.0  # stop the from-scratch training after this long (0: no limit)
 
+    def __post_init__(self):
+        for key in ("encoder_lambdas", "all_lambdas"):
+            for value in getattr(self, key):
+                _check_number(f"sweep.{key}", value, 0.0)
+        for value in self.budgets:
+            _check_number("sweep.budgets", value, 0.0, 1.0, low_open=True)
+        check_int("sweep.scratch_steps", self.scratch_steps, 0)
+        _check_number("sweep.scratch_minutes", self.scratch_minutes, 0.0)
+        if not self.scratch:
+            return
+        if self.scratch_run == "budget":
+            if not self.budgets:
+                raise ValueError("sweep.scratch_run: 'budget' needs at least one entry in sweep.budgets.")
+            return
+        if not self.scratch_run.startswith("lambda:"):
+            raise ValueError(f"sweep.scratch_run: {self.scratch_run!r} is not 'budget' or 'lambda:<value>'.")
+        try:
+            wanted = float(self.scratch_run.split(":", 1)[1])
+        except ValueError:
+            raise ValueError(f"sweep.scratch_run: {self.scratch_run!r} does not name a number after 'lambda:'.") \
+                from None
+        if wanted not in self.all_lambdas:
+            raise ValueError(f"sweep.scratch_run: λ {wanted} is not in sweep.all_lambdas {self.all_lambdas}.")
+
 
 @dataclass
 class GateEvalConfig:
     sentences: int = 500  # validation sentences scored after every run
     batch_size: int = 100
     num_beams: int = 1
+
+    def __post_init__(self):
+        for key in ("sentences", "batch_size", "num_beams"):
+            check_int(f"eval.{key}", getattr(self, key), 1)
 
 
 @dataclass
@@ -280,6 +470,12 @@ class GateSweepRecipe:
     train: GateTrainConfig = field(default_factory=GateTrainConfig)
     sweep: SweepConfig = field(default_factory=SweepConfig)
     eval: GateEvalConfig = field(default_factory=GateEvalConfig)
+
+    def __post_init__(self):
+        _check_header(self, "l0-sweep")
+        if not self.source.strip():
+            raise ValueError("source: an empty string; give a finished translation run directory "
+                             "(e.g. source=checkpoints/wmt-small-deen).")
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)

@@ -20,16 +20,11 @@ from typing import Sequence
 import torch
 from torch import nn
 
-from prunetrain.utils.device import bf16_is_fast
+from prunetrain.utils.device import bf16_is_fast, device_of
 from prunetrain.utils.progress import bar
 
 DEFAULT_MAX_LEN_A = 1.5
 DEFAULT_MAX_LEN_B = 10
-
-
-def _model_device(model: nn.Module) -> torch.device:
-    param = next(model.parameters(), None)
-    return param.device if param is not None else torch.device("cpu")
 
 
 def _use_bf16(autocast_bf16: bool | str, device: torch.device) -> bool:
@@ -50,6 +45,16 @@ def _length_caps(lengths: Sequence[int], max_new_tokens: int | None, limit: int 
     return [min(c, limit) if limit else c for c in caps]
 
 
+def _check_lengths(encoded: Sequence[Sequence[int]], limit: int | None) -> None:
+    """A source longer than the model's positions cannot be encoded: one clear error before any generation."""
+    if not limit:
+        return
+    for index, ids in enumerate(encoded):
+        if len(ids) > limit:
+            raise ValueError(f"sources: sentence {index + 1} has {len(ids)} tokens, more than the model's {limit} "
+                             f"positions; shorten it or pass max_source_length={limit} to truncate.")
+
+
 def translate(model: nn.Module, tokenizer, sources: Sequence[str], *, batch_size: int = 64, num_beams: int = 1,
               max_new_tokens: int | None = None, autocast_bf16: bool | str = False,
               device: str | torch.device | None = None, max_source_length: int | None = None,
@@ -66,7 +71,7 @@ def translate(model: nn.Module, tokenizer, sources: Sequence[str], *, batch_size
     - `suppress_pad` (default): the pad token, which Marian uses as decoder start, is never generated (Marian's
       own checkpoints do the same with `bad_words_ids=[[pad]]`).
     - `autocast_bf16=True` runs under `torch.autocast(dtype=torch.bfloat16)`: about 1.35× faster on a CPU with
-      `avx512_bf16` (FACTS), but several times *slower* on an AVX2-only CPU; `"auto"` uses it only where the
+      `avx512_bf16` (measured on a 2-core development CPU), but several times *slower* on an AVX2-only CPU; `"auto"` uses it only where the
       hardware has native bf16 (`prunetrain.device.bf16_is_fast`: avx512_bf16/AMX CPUs, bf16-capable CUDA).
     - The model runs under `torch.inference_mode()` in eval mode; its train/eval mode (and, if `device` moved it,
       its device) is restored afterwards. Extra keyword arguments go to `generate` (e.g. `min_new_tokens`).
@@ -81,13 +86,14 @@ def translate(model: nn.Module, tokenizer, sources: Sequence[str], *, batch_size
         raise ValueError("translate: the tokenizer has no pad token; batched generation needs one.")
     if not getattr(getattr(model, "config", None), "is_encoder_decoder", False):
         raise ValueError(f"translate: needs an encoder-decoder model (e.g. MarianMTModel), not {type(model).__name__}.")
-    original_device = _model_device(model)
+    original_device = device_of(model)
     device = torch.device(device) if device is not None else original_device
     was_training = model.training
 
     encoded = tokenizer(sources, truncation=max_source_length is not None, max_length=max_source_length,
-                        return_attention_mask=False)["input_ids"]
+                        return_attention_mask=False, verbose=False)["input_ids"]
     limit = getattr(getattr(model, "config", None), "max_position_embeddings", None)
+    _check_lengths(encoded, limit)
     caps = _length_caps([len(ids) for ids in encoded], max_new_tokens, limit - 1 if limit else None)
     order = sorted(range(len(sources)), key=lambda i: -len(encoded[i]))  # stable: ties keep input order
     kwargs = dict(num_beams=num_beams, do_sample=False)
@@ -168,7 +174,7 @@ def evaluate_bleu(model: nn.Module, tokenizer, pairs: Sequence[tuple[str, str]],
     sources = [s for s, _ in pairs]
     references = [t for _, t in pairs]
     if autocast_bf16 == "auto":
-        autocast_bf16 = _use_bf16("auto", torch.device(device) if device is not None else _model_device(model))
+        autocast_bf16 = _use_bf16("auto", torch.device(device) if device is not None else device_of(model))
     start = time.perf_counter()
     hypotheses = translate(model, tokenizer, sources, batch_size=batch_size, num_beams=num_beams,
                            max_new_tokens=max_new_tokens, autocast_bf16=autocast_bf16, device=device,
@@ -193,30 +199,45 @@ def save_translation_model(model: nn.Module, tokenizer, path: str | os.PathLike,
 
 
 def load_translation_model(model_path: str | os.PathLike, device: str | torch.device | None = None) -> nn.Module:
-    """A saved model: `prunetrain.load_pruned` if `prunetrain_layout.json` is there, else
-    `MarianMTModel.from_pretrained`. Returned in eval mode."""
-    from prunetrain.engine.persist import LAYOUT_FILE, load_pruned
+    """A saved full or pruned model in eval mode (`prunetrain.engine.model_dir.load_model_dir`: the directory is checked
+    file by file, then loaded with `load_pruned` or the Hugging Face class its config names).
 
+    Args:
+        model_path: the model directory.
+        device: move the model there.
+    """
+    from prunetrain.engine.model_dir import load_model_dir
+
+    return load_model_dir(model_path, device=device)
+
+
+def find_tokenizer_dir(model_path: str | os.PathLike) -> Path:
+    """Where the tokenizer of a saved model is: the model directory itself (where `save_translation_model` puts it)
+    or its `tokenizer/` subfolder. Never outside the model directory: a neighbour's tokenizer would silently give
+    wrong translations, so pass `tokenizer_path` (CLI: `--tokenizer`) for one kept elsewhere.
+
+    Args:
+        model_path: the model directory.
+    """
     model_path = Path(model_path)
-    if not (model_path / "config.json").is_file():
-        raise ValueError(f"evaluate_directory: {model_path} has no config.json; it is not a saved model directory.")
-    if (model_path / LAYOUT_FILE).is_file():
-        return load_pruned(model_path, device=device)
-    from transformers import MarianMTModel
-
-    model = MarianMTModel.from_pretrained(model_path, local_files_only=True)
-    if device is not None:
-        model.to(device)
-    return model.eval()
-
-
-def _find_tokenizer_dir(model_path: Path) -> Path:
-    for candidate in (model_path, model_path / "tokenizer", model_path.parent / "tokenizer", model_path.parent):
+    for candidate in (model_path, model_path / "tokenizer"):
         if (candidate / "tokenizer.json").is_file():
             return candidate
-    raise ValueError(f"evaluate_directory: no tokenizer.json in {model_path}, {model_path / 'tokenizer'}, "
-                     f"{model_path.parent / 'tokenizer'} or {model_path.parent}; save the tokenizer with the model "
-                     f"(save_translation_model) or pass tokenizer_path=.")
+    raise ValueError(f"tokenizer: no tokenizer.json in {str(model_path)!r} or its tokenizer/ folder; save the "
+                     f"tokenizer with the model (save_translation_model) or name it with --tokenizer "
+                     f"(tokenizer_path=).")
+
+
+def load_model_tokenizer(model_path: str | os.PathLike, tokenizer_path: str | os.PathLike | None = None):
+    """The tokenizer of a saved model: from `tokenizer_path` if given, else `find_tokenizer_dir(model_path)`.
+
+    Args:
+        model_path: the model directory.
+        tokenizer_path: an explicit tokenizer directory (one with `tokenizer.json`).
+    """
+    from prunetrain.mt.data import load_tokenizer
+
+    return load_tokenizer(Path(tokenizer_path) if tokenizer_path is not None else find_tokenizer_dir(model_path))
 
 
 def evaluate_directory(model_path: str | os.PathLike, data_dir: str | os.PathLike, split: str = "test", *,
@@ -226,17 +247,17 @@ def evaluate_directory(model_path: str | os.PathLike, data_dir: str | os.PathLik
     """Score a saved full or pruned model on `data_dir/{split}.{src,tgt}` (see `evaluate_bleu` for the keys).
 
     The tokenizer is read from `tokenizer_path`, else from the model directory (where `save_translation_model`
-    puts it), else from a `tokenizer/` folder in or next to it, else from the parent directory. The result also
-    has `model_path`, `split`, `heads` (attention heads left) and `parameters`.
+    puts it) or its `tokenizer/` folder — never from outside the model directory (`find_tokenizer_dir`). The result
+    also has `model_path`, `split`, `heads` (attention heads left) and `parameters`. Everything is checked (model
+    files, data files, sentence lengths) before the first sentence is translated.
     """
-    from prunetrain.mt.data import load_tokenizer, read_parallel
     from prunetrain.engine.heads import find_heads
+    from prunetrain.mt.data import read_parallel
+    from prunetrain.engine.model_dir import check_model_dir
 
-    model_path = Path(model_path)
-    if not (model_path / "config.json").is_file():
-        raise ValueError(f"evaluate_directory: {model_path} has no config.json; it is not a saved model directory.")
+    model_path = check_model_dir(model_path)
     pairs = read_parallel(data_dir, split, src, tgt, limit)
-    tokenizer = load_tokenizer(Path(tokenizer_path) if tokenizer_path is not None else _find_tokenizer_dir(model_path))
+    tokenizer = load_model_tokenizer(model_path, tokenizer_path)
     model = load_translation_model(model_path, device=device)
     result = evaluate_bleu(model, tokenizer, pairs, device=device, **evaluate_kwargs)
     result.update(model_path=str(model_path), split=split, heads=find_heads(model).total_heads,
@@ -244,5 +265,5 @@ def evaluate_directory(model_path: str | os.PathLike, data_dir: str | os.PathLik
     return result
 
 
-__all__ = ["evaluate_bleu", "evaluate_directory", "load_translation_model",
+__all__ = ["evaluate_bleu", "evaluate_directory", "find_tokenizer_dir", "load_model_tokenizer", "load_translation_model",
            "save_translation_model", "score_translations", "translate"]

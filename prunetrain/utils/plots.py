@@ -10,7 +10,8 @@ from typing import Mapping, Sequence
 import torch
 
 
-def _pyplot():
+def pyplot():
+    """`matplotlib.pyplot` with the non-interactive Agg backend (figures are written to files and TensorBoard)."""
     import matplotlib
 
     matplotlib.use("Agg", force=False)
@@ -22,7 +23,7 @@ def _pyplot():
 def heatmap_figure(matrix: torch.Tensor, row_labels: Sequence[str], title: str, *, vmin: float | None = None,
                    vmax: float | None = None, colorbar_label: str = ""):
     """Sites × heads heatmap (NaN cells, i.e. heads a site does not have, are blank)."""
-    plt = _pyplot()
+    plt = pyplot()
     matrix = matrix.detach().float().cpu().numpy()
     fig, ax = plt.subplots(figsize=(max(4, 0.45 * matrix.shape[1] + 3), max(2.5, 0.3 * len(row_labels) + 1.2)))
     image = ax.imshow(matrix, aspect="auto", cmap="viridis", vmin=vmin, vmax=vmax, interpolation="nearest")
@@ -37,7 +38,7 @@ def heatmap_figure(matrix: torch.Tensor, row_labels: Sequence[str], title: str, 
 
 def curves_figure(series: Mapping[str, tuple[Sequence[float], Sequence[float]]], *, ylabel: str, title: str):
     """One line per series (e.g. per epoch): x = % of heads pruned, y = metric."""
-    plt = _pyplot()
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(5.5, 3.8))
     for label, (fractions, values) in series.items():
         ax.plot([100 * f for f in fractions], values, marker="o", markersize=3, label=label)
@@ -52,7 +53,7 @@ def curves_figure(series: Mapping[str, tuple[Sequence[float], Sequence[float]]],
 
 
 def save_figure(fig, path: str | os.PathLike) -> Path:
-    plt = _pyplot()
+    plt = pyplot()
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=110)
@@ -64,7 +65,7 @@ def figure_to_array(fig):
     """RGB uint8 array [H, W, 3] of a figure (for TensorBoard `add_image`), closing the figure."""
     import numpy as np
 
-    plt = _pyplot()
+    plt = pyplot()
     buffer = io.BytesIO()
     fig.savefig(buffer, format="png", dpi=90)
     plt.close(fig)

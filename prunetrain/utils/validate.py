@@ -40,7 +40,7 @@ def check_ints(argument: str, values: Any, minimum: int = 1) -> tuple[int, ...]:
         raise ValueError(f"{argument}: {values!r} is not a list of integers >= {minimum}.")
     values = tuple(values)
     if not values:
-        raise ValueError(f"{argument}: an empty list; give at least one integer >= {minimum}.")
+        raise ValueError(f"{argument}: {values!r} is empty; give at least one integer >= {minimum}.")
     for value in values:
         if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
             raise ValueError(f"{argument}: {value!r} is not allowed; expected integers >= {minimum}.")
@@ -74,3 +74,30 @@ def check_amount(argument: str, amount: Any) -> int | float:
     if isinstance(amount, int) and amount < 0:
         raise ValueError(f"{argument}: {amount!r} is negative; a count of heads is an int >= 0.")
     return amount
+
+
+def check_kinds(argument: str, kinds: Any, allowed: Sequence[str]) -> list[str] | None:
+    """None (all kinds), one kind or a non-empty list of kinds, each one of `allowed` (the attention kinds)."""
+    if kinds is None:
+        return None
+    chosen = [kinds] if isinstance(kinds, str) else list(kinds)
+    if not chosen:
+        raise ValueError(f"{argument}: an empty selection; give None (all kinds) or some of {', '.join(allowed)}.")
+    for kind in chosen:
+        if kind not in allowed:
+            raise ValueError(f"{argument}: {kind!r} is not an attention kind; allowed: {', '.join(allowed)}.")
+    return chosen
+
+
+def check_fractions(argument: str, fractions: Any) -> list[float]:
+    """A non-empty list of fractions in [0, 1], returned sorted without duplicates."""
+    if isinstance(fractions, (str, bytes)) or not isinstance(fractions, Iterable):
+        raise ValueError(f"{argument}: {fractions!r} is not a list of fractions in [0, 1].")
+    out = []
+    for f in fractions:
+        if isinstance(f, bool) or not isinstance(f, (int, float)) or not 0 <= f <= 1:
+            raise ValueError(f"{argument}: {f!r} is not a fraction in [0, 1] (e.g. 0.1 for 10 % of the heads).")
+        out.append(float(f))
+    if not out:
+        raise ValueError(f"{argument}: give at least one fraction in [0, 1].")
+    return sorted(set(out))

@@ -1,46 +1,80 @@
-"""Tiny models of every supported family, built from configs (no downloads): for tests, examples and benchmarks."""
+"""Tiny models of every supported architecture, built from configs (no downloads): for tests, examples, benchmarks.
+
+Each architecture is an `Architecture` entry in `ARCHITECTURES` (registered with `register_architecture`); the
+exactness suite (`tests/test_zoo.py`) runs over all of them and the README's table of supported architectures is
+generated from them (`support_table`). Entries live beside this file by group (`classic`, and one module per group
+of families); importing `prunetrain.zoo` registers them all.
+"""
 
 from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
 
 import torch
 from torch import nn
 
-TINY_FAMILIES = ("bert", "roberta", "marian", "bart", "t5", "gpt2", "llama", "qwen2", "mistral")
-SEQ2SEQ_FAMILIES = ("marian", "bart", "t5")
 VOCAB = 96
+TASKS = ("causal-lm", "seq2seq", "masked-lm", "classification", "image-classification", "speech-seq2seq",
+         "contrastive")
+
+
+@dataclass(frozen=True)
+class Architecture:
+    """One tiny architecture of the zoo.
+
+    Args:
+        name: zoo key (e.g. "qwen3"); usually the config's model_type.
+        model_type: `config.model_type` of the built model.
+        make_config: `(**overrides) -> PretrainedConfig`, tiny and without dropout.
+        model_class: the transformers class built from the config (e.g. "Qwen3ForCausalLM").
+        task: one of `TASKS`; decides the default inputs and whether `generate` is checked.
+        pattern: the attention pattern it exercises (a short phrase for the README table).
+        shrink: False if `shrink` is refused for this architecture (masks and importance still work); `note` says why.
+        note: a short remark for the README table.
+        make_inputs: `(batch, length, seed) -> inputs` (with labels) when the task's default does not fit.
+        backends: the attention implementations the architecture supports (the suite checks each).
+    """
+
+    name: str
+    model_type: str
+    make_config: Callable[..., object]
+    model_class: str
+    task: str
+    pattern: str
+    shrink: bool = True
+    note: str = ""
+    make_inputs: Callable[[int, int, int], dict] | None = None
+    backends: tuple[str, ...] = ("eager", "sdpa")
+
+    @property
+    def generative(self) -> bool:
+        return self.task in ("causal-lm", "seq2seq", "speech-seq2seq")
+
+
+ARCHITECTURES: dict[str, Architecture] = {}
+
+
+def register_architecture(arch: Architecture) -> Architecture:
+    """Add an architecture to the zoo (and so to the exactness suite and the README table)."""
+    if arch.task not in TASKS:
+        raise ValueError(f"task: {arch.task!r} is not one of {', '.join(TASKS)}.")
+    if arch.name in ARCHITECTURES:
+        raise ValueError(f"name: {arch.name!r} is already in the zoo.")
+    ARCHITECTURES[arch.name] = arch
+    return arch
+
+
+def architecture(name: str) -> Architecture:
+    try:
+        return ARCHITECTURES[name]
+    except KeyError:
+        raise ValueError(f"family: {name!r} is not one of {', '.join(ARCHITECTURES)}.") from None
 
 
 def tiny_config(family: str, attn_implementation: str = "eager", **overrides):
-    """A small config: 2 layers (per stack), width 32, 4 heads of 8 (Llama-style: 4 query heads on 2 kv heads)."""
-    import transformers as tf
-
-    common = dict(vocab_size=VOCAB)
-    if family in ("bert", "roberta"):
-        cls = tf.BertConfig if family == "bert" else tf.RobertaConfig
-        cfg = cls(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64,
-                  max_position_embeddings=64, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0,
-                  pad_token_id=1, **common)
-    elif family in ("marian", "bart"):
-        cls = tf.MarianConfig if family == "marian" else tf.BartConfig
-        cfg = cls(d_model=32, encoder_layers=2, decoder_layers=2, encoder_attention_heads=4,
-                  decoder_attention_heads=4, encoder_ffn_dim=64, decoder_ffn_dim=64, max_position_embeddings=64,
-                  dropout=0.0, attention_dropout=0.0, activation_dropout=0.0, pad_token_id=1, eos_token_id=2,
-                  bos_token_id=0, decoder_start_token_id=0 if family == "bart" else 1, forced_eos_token_id=None,
-                  **common)
-    elif family == "t5":
-        cfg = tf.T5Config(d_model=32, d_kv=8, d_ff=64, num_layers=2, num_decoder_layers=2, num_heads=4,
-                          relative_attention_num_buckets=8, dropout_rate=0.0, pad_token_id=0, eos_token_id=1,
-                          decoder_start_token_id=0, **common)
-    elif family == "gpt2":
-        cfg = tf.GPT2Config(n_embd=32, n_layer=2, n_head=4, n_positions=64, resid_pdrop=0.0, embd_pdrop=0.0,
-                            attn_pdrop=0.0, bos_token_id=0, eos_token_id=2, **common)
-    elif family in ("llama", "qwen2", "mistral"):
-        cls = {"llama": tf.LlamaConfig, "qwen2": tf.Qwen2Config, "mistral": tf.MistralConfig}[family]
-        cfg = cls(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
-                  num_key_value_heads=2, max_position_embeddings=64, bos_token_id=0, eos_token_id=2,
-                  pad_token_id=1, tie_word_embeddings=False, **common)
-    else:
-        raise ValueError(f"family: {family!r} is not one of {', '.join(TINY_FAMILIES)}.")
+    """The tiny config of a zoo architecture, with `overrides` set on it."""
+    cfg = architecture(family).make_config()
     for key, value in overrides.items():
         setattr(cfg, key, value)
     cfg._attn_implementation = attn_implementation
@@ -48,15 +82,11 @@ def tiny_config(family: str, attn_implementation: str = "eager", **overrides):
 
 
 def tiny_model(family: str, attn_implementation: str = "eager", seed: int = 0, **overrides) -> nn.Module:
-    """A tiny model with an LM/seq2seq head (BERT/RoBERTa: masked LM), random weights from `seed`, in eval mode."""
+    """A tiny model of a zoo architecture, random weights (and random biases) from `seed`, in eval mode."""
     import transformers as tf
 
     cfg = tiny_config(family, attn_implementation, **overrides)
-    cls = {
-        "bert": tf.BertForMaskedLM, "roberta": tf.RobertaForMaskedLM, "marian": tf.MarianMTModel,
-        "bart": tf.BartForConditionalGeneration, "t5": tf.T5ForConditionalGeneration, "gpt2": tf.GPT2LMHeadModel,
-        "llama": tf.LlamaForCausalLM, "qwen2": tf.Qwen2ForCausalLM, "mistral": tf.MistralForCausalLM,
-    }[family]
+    cls = getattr(tf, architecture(family).model_class)
     torch.manual_seed(seed)
     model = cls(cfg)
     _randomise_biases(model, seed)
@@ -74,14 +104,17 @@ def _randomise_biases(model: nn.Module, seed: int) -> None:
 
 def tiny_inputs(family: str, batch: int = 2, length: int = 7, seed: int = 0) -> dict[str, torch.Tensor]:
     """Inputs with padding in the second row (attention masks exercised), and labels/decoder inputs for seq2seq."""
+    arch = architecture(family)
+    if arch.make_inputs is not None:
+        return arch.make_inputs(batch, length, seed)
     gen = torch.Generator().manual_seed(seed)
     ids = torch.randint(3, VOCAB, (batch, length), generator=gen)
     mask = torch.ones(batch, length, dtype=torch.long)
     if batch > 1:
         mask[1, -2:] = 0
-        ids[1, -2:] = 1 if family != "t5" else 0
+        ids[1, -2:] = 0 if arch.model_type in ("t5", "mt5") else 1
     inputs = {"input_ids": ids, "attention_mask": mask}
-    if family in SEQ2SEQ_FAMILIES:
+    if arch.task == "seq2seq":
         inputs["labels"] = torch.randint(3, VOCAB, (batch, length - 2), generator=gen)
     else:
         inputs["labels"] = ids.clone()
@@ -107,3 +140,24 @@ def random_mask(model_or_layout, seed: int = 0, remove: float = 0.5, soft: bool 
         values = alive * (torch.rand(site.num_heads, generator=gen) * 0.9 + 0.1 if soft else 1.0)
         mask[site.name] = values
     return mask
+
+
+def support_table() -> str:
+    """The README's table of supported architectures, generated from the zoo."""
+    def cell(text: str) -> str:
+        return text.replace("|", "\\|")  # a pipe, even inside `code`, would split a Markdown table cell
+
+    rows = ["| architecture | model_type | attention pattern | shrink | note |", "|---|---|---|---|---|"]
+    for arch in ARCHITECTURES.values():
+        rows.append(f"| {arch.name} | `{arch.model_type}` | {cell(arch.pattern)} | "
+                    f"{'yes' if arch.shrink else 'refused'} | {cell(arch.note)} |")
+    return "\n".join(rows)
+
+
+from prunetrain.zoo import classic  # noqa: E402,F401  (registers the first families)
+
+TINY_FAMILIES = ("bert", "roberta", "marian", "bart", "t5", "gpt2", "llama", "qwen2", "mistral")
+"""The architectures of the first families (kept for the older tests; the zoo suite runs over `ARCHITECTURES`)."""
+SEQ2SEQ_FAMILIES = tuple(n for n in TINY_FAMILIES if ARCHITECTURES[n].task == "seq2seq")
+
+from prunetrain.zoo import decoders, encoders, seq2seq, vision  # noqa: E402,F401  (register the other groups)

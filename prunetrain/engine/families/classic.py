@@ -5,8 +5,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from prunetrain.engine.families.core import (FamilyAdapter, LinearAttentionAdapter, _layer_index, _set, head_rows,
-                                             register)
+from prunetrain.engine.families.core import (FamilyAdapter, LinearAttentionAdapter, _layer_index, class_names,
+                                             define_headless, head_rows, register, switch_class)
 from prunetrain.engine.heads import AttentionSite, HeadSite
 
 
@@ -51,12 +51,10 @@ class LlamaAdapter(LinearAttentionAdapter):
     model_types = ("llama", "qwen2", "mistral")
     module_classes = ("LlamaAttention", "Qwen2Attention", "MistralAttention")
     out = "o_proj"
+    groups_attr = "num_key_value_groups"
 
     def original_num_heads(self, model, kind):
         return model.config.num_attention_heads
-
-    def group_size(self, module):
-        return int(module.num_key_value_groups)
 
 
 @register
@@ -135,6 +133,18 @@ class T5BiasSelection:
         return (attn_output, bias, *rest)
 
 
+def _gpt2_attention() -> type:
+    from transformers.models.gpt2.modeling_gpt2 import GPT2Attention
+
+    return GPT2Attention
+
+
+HEADLESS_GPT2 = define_headless("HeadlessGPT2Attention", _gpt2_attention, out="c_proj", head_dim="head_dim",
+                               post="resid_dropout")
+"""GPT-2 attention with every head removed (torch's `split(0)` of an empty axis yields one piece, so GPT-2's own
+forward cannot run): the output projection's bias remains, the cache records empty keys/values."""
+
+
 @register
 class GPT2Adapter(FamilyAdapter):
     """GPT-2: `h.i.attn` with a fused `c_attn` (Conv1D, weight `[in, 3 * E]`: q | k | v) and `c_proj`."""
@@ -148,7 +158,7 @@ class GPT2Adapter(FamilyAdapter):
                              "only GPT-2 self-attention is.")
         found = []
         for path, module in model.named_modules():
-            if type(module).__name__ not in ("GPT2Attention", "EmptyGPT2Attention"):
+            if "GPT2Attention" not in class_names(module):
                 continue
             d = module.head_dim
             num_heads = module.c_proj.weight.shape[0] // d
@@ -172,31 +182,5 @@ class GPT2Adapter(FamilyAdapter):
         module.c_proj.nx = len(rows)
         module.num_heads = len(keep)
         module.split_size = len(rows)
-        if len(keep) == 0 and not isinstance(module, EmptyGPT2Attention):
-            # torch's split(0) of an empty axis yields one piece, so GPT-2's own forward cannot run with no heads.
-            _set(site.root, site.info.name, EmptyGPT2Attention(module))
-
-
-class EmptyGPT2Attention(nn.Module):
-    """A GPT-2 attention block with every head removed: only the output-projection bias (residual path) remains.
-
-    It keeps the original (now empty) `c_attn` and `c_proj` modules, so parameter identities and state-dict keys
-    are unchanged, and it still writes its (0-head) keys/values to the cache, whose length `prunetrain.engine.kv_cache`
-    then counts.
-    """
-
-    def __init__(self, attention: nn.Module):
-        super().__init__()
-        self.c_attn, self.c_proj, self.resid_dropout = attention.c_attn, attention.c_proj, attention.resid_dropout
-        self.head_dim, self.num_heads, self.split_size = attention.head_dim, 0, 0
-        self.layer_idx, self.config = attention.layer_idx, attention.config
-
-    def forward(self, hidden_states, past_key_values=None, **kwargs):
-        b, t = hidden_states.shape[:2]
-        if past_key_values is not None:
-            kv = hidden_states.new_zeros(b, 0, t, self.head_dim)  # [B, 0 heads, T, d]
-            past_key_values.update(kv, kv, self.layer_idx)
-        # Conv1D's own forward cannot flatten a 0-wide input, so compute bias + [B*T, 0] @ [0, E] directly.
-        empty = hidden_states.new_zeros(b * t, 0)
-        out = torch.addmm(self.c_proj.bias, empty, self.c_proj.weight).view(b, t, -1)
-        return self.resid_dropout(out), None
+        if len(keep) == 0:
+            switch_class(module, HEADLESS_GPT2)

@@ -6,8 +6,40 @@ An adapter answers two questions for one model family:
    the concatenation of the heads (the output projection).
 2. `remove_heads(site, keep, select)`: how to slice the weights so that only the heads in `keep` remain.
 
-Adding a family is one small subclass registered with `@register` (see `LinearAttentionAdapter` for the common
-q/k/v/out layout: most families only name their modules and head-count attributes).
+What else a family needs to say is an adapter attribute, never a check on the family's name elsewhere:
+`time_first` (attention outputs are `[T, B, H*d]`: per-example importance refuses them), `cache_kwargs` (the
+keyword under which the attention module receives its KV cache), `shrink_refusal(site)` (why `shrink` cannot be
+exact for a site, e.g. a norm over all heads; masks and importance still work).
+
+**Sites with no heads left: one mechanism, a class switch.** When a family's own `forward` cannot run with the
+head count `shrink` leaves (GPT-2's `split(0)`, OPT's `view(B, -1, 0, d)`, Falcon's `H // H_kv`, FSMT's reshape with
+the input width), the adapter switches the module's class in place to a subclass declared with `define_subclass`
+and applied with `switch_class`: same object, same parameters, hooks and state-dict keys, only `forward` differs.
+`headless_forward` is the shared forward of a site with zero heads (the output projection of an empty input, so the
+residual path and the projection's bias remain, and empty keys/values written to the cache so cached generation
+keeps counting positions). The KV cache's head-less layer (`prunetrain.engine.kv_cache`) uses the same mechanism.
+Declared subclasses are attributes of this module (built on first use), so pickles of shrunk models resolve them.
+
+**Registering your own adapter** takes a few lines. For a family whose attention module holds four `nn.Linear`
+projections (the common layout), name the module class, the projections and the head-count attributes; e.g. CTRL
+(tests/test_discovery.py runs exactly this)::
+
+    from prunetrain.engine.families import LinearAttentionAdapter, register
+
+    @register
+    class CTRLAdapter(LinearAttentionAdapter):
+        name = "ctrl"
+        model_types = ("ctrl",)                        # config.model_type values it handles
+        module_classes = ("MultiHeadAttention",)       # attention module classes (subclasses match too)
+        q, k, v, out = "Wq", "Wk", "Wv", "dense"       # attribute paths inside the attention module
+        head_dim_attr = "head_dim"
+        count_attrs = ("num_heads",)                   # set to the new head count after shrink
+
+        def original_num_heads(self, model, kind):
+            return model.config.n_head
+
+`prunetrain.engine.families.discovery.discover_adapter(model)` proposes such an adapter from the model's structure
+and proves it on a probe input before it is used (see its docstring).
 """
 
 from __future__ import annotations
@@ -29,26 +61,58 @@ _ADAPTERS: list["FamilyAdapter"] = []
 
 
 def register(cls: type["FamilyAdapter"]) -> type["FamilyAdapter"]:
-    """Class decorator: make a family adapter available to `find_heads`, `HeadMask` and `shrink`."""
-    _ADAPTERS.append(cls())
+    """Class decorator: make a family adapter available to `find_heads`, `HeadMask` and `shrink`.
+
+    Args:
+        cls: a `FamilyAdapter` subclass; its `model_types` must not be claimed by an adapter registered before.
+    """
+    adapter = cls()
+    taken = {t: a.name for a in _ADAPTERS for t in a.model_types}
+    clash = [t for t in adapter.model_types if t in taken]
+    if clash:
+        raise ValueError(f"model_types: {clash[0]!r} of adapter {adapter.name!r} is already handled by adapter "
+                         f"{taken[clash[0]]!r}; each model_type has one adapter.")
+    _ADAPTERS.append(adapter)
     return cls
 
 
+def unregister(name: str) -> None:
+    """Remove the adapter called `name` (e.g. one registered by `discover_adapter` for a test).
+
+    Args:
+        name: the adapter's `name`.
+    """
+    index = next((i for i, a in enumerate(_ADAPTERS) if a.name == name), None)
+    if index is None:
+        raise ValueError(f"name: no adapter is called {name!r}; registered: {', '.join(supported_families())}.")
+    del _ADAPTERS[index]
+
+
 def supported_families() -> list[str]:
+    """Names of the registered adapters."""
     return [a.name for a in _ADAPTERS]
 
 
+def supported_model_types() -> list[str]:
+    """Every `config.model_type` an adapter handles."""
+    return [t for a in _ADAPTERS for t in a.model_types]
+
+
 def adapter_for(model: nn.Module) -> "FamilyAdapter":
-    """The adapter for `model`, chosen by `model.config.model_type`; a clear error for anything else."""
+    """The adapter for `model`, chosen by `model.config.model_type`; a clear error for anything else.
+
+    Args:
+        model: a transformers model (anything with `config.model_type`).
+    """
     config = getattr(model, "config", None)
     model_type = getattr(config, "model_type", None)
     for adapter in _ADAPTERS:
         if model_type in adapter.model_types:
             return adapter
-    supported = ", ".join(f"{a.name} ({'/'.join(a.model_types)})" for a in _ADAPTERS)
     raise ValueError(
-        f"model: {type(model).__name__} (model_type={model_type!r}) is not supported; "
-        f"supported families: {supported}. Adding one is a small adapter in prunetrain/families.py."
+        f"model: {type(model).__name__} (model_type={model_type!r}) is not supported; supported model types: "
+        f"{', '.join(supported_model_types())}. Register an adapter (see prunetrain.engine.families.core) or try "
+        f"prunetrain.engine.families.discovery.discover_adapter(model)."
     )
 
 
@@ -75,6 +139,11 @@ def _layer_index(path: str) -> int:
     return int(numbers[0]) if numbers else 0  # the block index: first number in the path
 
 
+def class_names(module: nn.Module) -> set[str]:
+    """Names of the module's class and its bases (a switched class still matches its family's names)."""
+    return {c.__name__ for c in type(module).__mro__}
+
+
 def select_linear_out(linear: nn.Linear, rows: torch.Tensor, select: Select) -> None:
     """Keep output features `rows` of an `nn.Linear` (weight rows and bias)."""
     select(linear.weight, 0, rows)
@@ -89,11 +158,119 @@ def select_linear_in(linear: nn.Linear, cols: torch.Tensor, select: Select) -> N
     linear.in_features = len(cols)
 
 
+# ---------------------------------------------------------------------------------------------------------------------
+# the one mechanism for sites whose own forward cannot run with the heads shrink leaves: a class switch
+# ---------------------------------------------------------------------------------------------------------------------
+_SUBCLASSES: dict[str, tuple[Callable[[], type], dict]] = {}
+_BUILT: dict[str, type] = {}
+
+
+def define_subclass(name: str, base: Callable[[], type], **namespace) -> str:
+    """Declare `name`, a subclass of `base()` whose class attributes/methods are `namespace` (built on first use).
+
+    Args:
+        name: class name, unique; the class is reachable as `prunetrain.engine.families.core.<name>` (pickles).
+        base: returns the base class (a callable, so that declaring does not import transformers).
+        namespace: attributes of the subclass, typically `forward`.
+
+    Returns:
+        `name`, for `switch_class`.
+    """
+    if name in _SUBCLASSES and _SUBCLASSES[name][1] != namespace:
+        raise ValueError(f"name: subclass {name!r} is already declared differently.")
+    _SUBCLASSES[name] = (base, namespace)
+    return name
+
+
+def declared_subclass(name: str) -> type:
+    """The class declared as `name` with `define_subclass`."""
+    if name not in _BUILT:
+        base, namespace = _SUBCLASSES[name]
+        _BUILT[name] = type(name, (base(),), {"__module__": __name__, "__qualname__": name, **namespace})
+    return _BUILT[name]
+
+
+def switch_class(obj: object, name: str) -> None:
+    """Switch `obj`'s class in place to the declared subclass `name` (a no-op if it already is one).
+
+    Args:
+        obj: a module (or cache layer) whose class is the declared subclass's base.
+        name: a name given to `define_subclass`.
+    """
+    cls = declared_subclass(name)
+    if isinstance(obj, cls):
+        return
+    if not issubclass(cls, type(obj)):
+        raise TypeError(f"obj: {type(obj).__name__} is not the base of {name} ({cls.__mro__[1].__name__}).")
+    obj.__class__ = cls
+
+
+def __getattr__(name: str):
+    if name in _SUBCLASSES:
+        return declared_subclass(name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def headless_forward(self, hidden_states, *args, **kwargs):
+    """Forward of an attention site with no heads: `out_proj` of an empty `[..., 0]` input (its bias, and hooks on
+    it, still run), plus empty `[B, 0, T, d]` keys/values written to a self-attention KV cache so that cached
+    generation keeps counting positions. Class attributes of the switched class say where things are:
+    `_pt_out` (output projection path), `_pt_cache_kwargs`, `_pt_time_first`, `_pt_head_dim` (attribute name)."""
+    lead = hidden_states.shape[:-1]
+    cache = next((kwargs[k] for k in self._pt_cache_kwargs if kwargs.get(k) is not None), None)
+    index = getattr(self, "layer_idx", None)
+    if cache is not None and index is not None and not getattr(self, "_pt_cross", False):
+        cache = getattr(cache, "self_attention_cache", cache)
+        b, t = (hidden_states.shape[1], hidden_states.shape[0]) if self._pt_time_first else hidden_states.shape[:2]
+        kv = hidden_states.new_zeros(b, 0, t, int(_get(self, self._pt_head_dim)))
+        cache.update(kv, kv, index)
+    if self._pt_out is None:  # the output projection lies outside this module: its caller applies it
+        return hidden_states.new_zeros(*lead, 0), None
+    proj = _get(self, self._pt_out)
+    if isinstance(proj, nn.Linear):
+        out = proj(hidden_states.new_zeros(*lead, 0))
+    else:  # transformers' Conv1D (weight [in, out]) cannot flatten a 0-wide input: bias + [N, 0] @ [0, E]
+        out = proj.bias.expand(*lead, proj.bias.shape[-1])  # = bias + [..., 0] @ [0, E]; traces with dynamic shapes
+    if self._pt_post is not None:
+        out = _get(self, self._pt_post)(out)
+    return out, None
+
+
+def define_headless(name: str, base: Callable[[], type], out: str | None, head_dim: str,
+                    cache_kwargs=("past_key_values",), time_first: bool = False, post: str | None = None) -> str:
+    """Declare the head-less form of an attention class (its forward is `headless_forward`).
+
+    Args:
+        name: class name (see `define_subclass`).
+        base: returns the attention class.
+        out: path of the output projection inside the module; None when it lies outside (the module then
+            returns the empty concatenation of heads `[..., 0]` for its caller's projection).
+        head_dim: attribute holding head_dim (for the empty cache entries).
+        cache_kwargs: keywords under which the module receives its KV cache.
+        time_first: inputs are `[T, B, E]`.
+        post: a submodule applied to the output as the family's own forward does (e.g. GPT-2's `resid_dropout`).
+    """
+    return define_subclass(name, base, forward=headless_forward, _pt_out=out, _pt_head_dim=head_dim,
+                           _pt_cache_kwargs=tuple(cache_kwargs), _pt_time_first=time_first, _pt_post=post)
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# adapters
+# ---------------------------------------------------------------------------------------------------------------------
 class FamilyAdapter:
-    """Base class. Subclasses set `name` and `model_types` and implement `sites` and `remove_heads`."""
+    """Base class. Subclasses set `name` and `model_types` and implement `sites` and `remove_heads`.
+
+    Attributes:
+        name: adapter name (recorded in `HeadLayout.family`).
+        model_types: the `config.model_type` values it handles.
+        time_first: the output projection's input is `[T, B, H*d]` (fairseq / FSMT), not `[B, T, H*d]`.
+        cache_kwargs: keyword names under which the attention module receives its KV cache.
+    """
 
     name: str = ""
     model_types: tuple[str, ...] = ()
+    time_first: bool = False
+    cache_kwargs: tuple[str, ...] = ("past_key_values", "past_key_value")
 
     def sites(self, model: nn.Module) -> list[AttentionSite]:  # pragma: no cover - abstract
         raise NotImplementedError
@@ -101,6 +278,10 @@ class FamilyAdapter:
     def remove_heads(self, site: AttentionSite, keep: torch.Tensor, select: Select) -> None:  # pragma: no cover
         """Slice `site`'s weights so that only query heads `keep` (current positions, sorted) remain."""
         raise NotImplementedError
+
+    def shrink_refusal(self, site: AttentionSite) -> str | None:
+        """Why `shrink` cannot be exact for `site` (None: it can). Masks and importance work either way."""
+        return None
 
     # helpers shared by the adapters
     @staticmethod
@@ -124,6 +305,12 @@ class LinearAttentionAdapter(FamilyAdapter):
 
     Subclasses give the attention module classes, the attribute paths of the projections relative to the attention
     module, where head_dim lives, and which head-count attributes to update after a shrink.
+
+    Grouped-query attention: query head h reads key/value head h // group (HF `repeat_kv`), so heads go in whole
+    groups. A site with a single key/value head (multi-query attention, or a GQA site shrunk to one group) can lose
+    single query heads: it reports `group_size` 1, keeps its key/value head while any query head remains, and the
+    number of query heads per key/value head (`groups_attr`) is updated. (`shrink` also lets a mask remove part of a
+    group when that group is the only one left: the site becomes multi-query.)
     """
 
     module_classes: tuple[str, ...] = ()
@@ -134,25 +321,38 @@ class LinearAttentionAdapter(FamilyAdapter):
     head_dim_attr: str = "head_dim"
     count_attrs: tuple[str, ...] = ()  # set to the new number of query heads
     width_attrs: tuple[str, ...] = ()  # set to the new num_heads * head_dim
+    kv_count_attrs: tuple[str, ...] = ()  # set to the new number of key/value heads
+    groups_attr: str | None = None  # query heads per key/value head (HF `num_key_value_groups`), if the module has it
     leaf_names: tuple[str, ...] | None = None  # only modules whose attribute name is one of these (None: any)
+    headless_class: str | None = None  # declared subclass a site switches to when it loses every head
 
     def original_num_heads(self, model: nn.Module, kind: str) -> int:  # pragma: no cover - abstract
         raise NotImplementedError
 
-    def group_size(self, module: nn.Module) -> int:
-        return 1
+    def is_site(self, path: str, module: nn.Module) -> bool:
+        if not class_names(module) & set(self.module_classes):
+            return False
+        return self.leaf_names is None or path.rsplit(".", 1)[-1] in self.leaf_names
+
+    def head_dim(self, module: nn.Module) -> int:
+        return int(_get(module, self.head_dim_attr))
+
+    def head_counts(self, module: nn.Module, head_dim: int) -> tuple[int, int]:
+        """(query heads, key/value heads) the module holds now."""
+        return _get(module, self.out).weight.shape[1] // head_dim, _get(module, self.k).weight.shape[0] // head_dim
+
+    def group_size(self, module: nn.Module, num_heads: int, num_kv: int) -> int:
+        if self.groups_attr is None or num_kv <= 1:
+            return 1
+        return int(_get(module, self.groups_attr))
 
     def sites(self, model: nn.Module) -> list[AttentionSite]:
         found = []
         for path, module in model.named_modules():
-            if type(module).__name__ not in self.module_classes:
+            if not self.is_site(path, module):
                 continue
-            if self.leaf_names is not None and path.rsplit(".", 1)[-1] not in self.leaf_names:
-                continue
-            head_dim = int(_get(module, self.head_dim_attr))
-            out_proj = _get(module, self.out)
-            num_heads = out_proj.weight.shape[1] // head_dim
-            num_kv = _get(module, self.k).weight.shape[0] // head_dim
+            head_dim = self.head_dim(module)
+            num_heads, num_kv = self.head_counts(module, head_dim)
             kind = self.kind_of(model, path)
             info = HeadSite(
                 name=path,
@@ -163,23 +363,40 @@ class LinearAttentionAdapter(FamilyAdapter):
                 num_kv_heads=num_kv,
                 heads=self.original_heads(model, path, num_heads),
                 original_num_heads=self.original_num_heads(model, kind),
-                group_size=self.group_size(module),
+                group_size=self.group_size(module, num_heads, num_kv),
             )
-            found.append(AttentionSite(info=info, module=module, out_proj=out_proj, adapter=self, root=model))
+            found.append(AttentionSite(info=info, module=module, out_proj=_get(module, self.out), adapter=self,
+                                       root=model))
         return found
 
+    def kv_heads_kept(self, site: AttentionSite, keep: torch.Tensor) -> torch.Tensor:
+        """Positions of the key/value heads that stay when query heads `keep` stay."""
+        info = site.info
+        if info.num_kv_heads == info.num_heads:
+            return keep
+        return torch.unique(keep // (info.num_heads // info.num_kv_heads))  # the groups the kept heads read
+
     def remove_heads(self, site: AttentionSite, keep: torch.Tensor, select: Select) -> None:
-        d, g = site.info.head_dim, site.info.group_size
-        q_rows = head_rows(keep, d)
-        kv_rows = head_rows(keep.view(-1, g)[:, 0] // g, d) if g > 1 else q_rows
+        d = site.info.head_dim
+        kv = self.kv_heads_kept(site, keep)
+        q_rows, kv_rows = head_rows(keep, d), head_rows(kv, d)
         module = site.module
         select_linear_out(_get(module, self.q), q_rows, select)
         select_linear_out(_get(module, self.k), kv_rows, select)
         select_linear_out(_get(module, self.v), kv_rows, select)
         select_linear_in(_get(module, self.out), q_rows, select)
+        self.set_counts(site, len(keep), len(kv))
+
+    def set_counts(self, site: AttentionSite, heads: int, kv_heads: int) -> None:
+        """Update the module's head-count attributes (and switch to the head-less class at zero heads)."""
+        module, d = site.module, site.info.head_dim
         for attr in self.count_attrs:
-            _set(module, attr, len(keep))
+            _set(module, attr, heads)
         for attr in self.width_attrs:
-            _set(module, attr, len(keep) * d)
-
-
+            _set(module, attr, heads * d)
+        for attr in self.kv_count_attrs:
+            _set(module, attr, kv_heads)
+        if self.groups_attr is not None and kv_heads:
+            _set(module, self.groups_attr, heads // kv_heads)  # unchanged for whole groups; all heads on one kv head
+        if heads == 0 and self.headless_class is not None:
+            switch_class(module, self.headless_class)

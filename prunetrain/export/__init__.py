@@ -1,0 +1,30 @@
+"""Exports of pruned models for runtimes without prunetrain (docs/export.md).
+
+- `remote-code`: the directory `save_pruned` writes: a small modeling file registered through `auto_map`
+  (`prunetrain.engine.remote_code` and `prunetrain/engine/modeling_prunetrain.py`);
+- `uniform`: a standard config with fewer heads, when every site keeps the same number (`uniform`);
+- `padded`: the original shapes with removed heads as zero weights: exact, no speed-up (`padded`);
+- `onnx`: ONNX graphs checked with ONNX Runtime, KV-cache graphs for generation (`onnx`).
+
+`formats.export(source, destination, format)` writes any of them (checked against the model first, staged and
+renamed into place); `formats.check_formats(source)` says which formats can hold a model and why not the others.
+"""
+
+FORMATS = ("remote-code", "uniform", "padded", "onnx")
+
+
+def export(source, destination, format: str, overwrite: bool = False) -> dict:
+    """See `prunetrain.export.formats.export`."""
+    from prunetrain.export.formats import export as _export
+
+    return _export(source, destination, format, overwrite=overwrite)
+
+
+def check_formats(source) -> dict:
+    """See `prunetrain.export.formats.check_formats`."""
+    from prunetrain.export.formats import check_formats as _check
+
+    return _check(source)
+
+
+__all__ = ["FORMATS", "check_formats", "export"]

@@ -1,0 +1,186 @@
+"""`export(source, destination, format)` and `check_formats(source)`: one entry point for every export format.
+
+Each format writes into a staging directory beside `destination` and is renamed into place only after its output
+was checked against the model on a probe input, so a refused or failed export leaves nothing behind. Files of the
+source directory that are not model files (tokenizer, recipe, ...) are copied along.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+from torch import nn
+
+from prunetrain.engine.heads import find_heads, unwrap_model
+from prunetrain.utils.validate import check_choice
+
+FORMATS = ("remote-code", "uniform", "padded", "onnx")
+MODEL_FILES = ("config.json", "generation_config.json", "prunetrain_layout.json", "modeling_prunetrain.py")
+TOLERANCE = {"remote-code": 0.0, "uniform": 0.0, "padded": 1e-5}
+
+
+def load_source(source: str | os.PathLike | nn.Module) -> nn.Module:
+    """A model, or a saved directory loaded eagerly (`load_pruned` for a prunetrain layout, else its HF class)."""
+    if isinstance(source, nn.Module):
+        return unwrap_model(source).eval()
+    from prunetrain.engine.model_dir import load_model_dir
+
+    return load_model_dir(Path(source), argument="source")
+
+
+def _is_shrunk(model: nn.Module) -> bool:
+    return any(s.num_heads != s.original_num_heads for s in find_heads(model))
+
+
+def check_formats(source: str | os.PathLike | nn.Module) -> dict[str, str | None]:
+    """For each format, None if `source` can be written in it, else one sentence saying why not.
+
+    Args:
+        source: a model or a saved model directory.
+    """
+    from prunetrain.engine.remote_code import remote_spec
+    from prunetrain.export.uniform import uniform_config
+
+    from prunetrain.export.probe import probe_inputs
+
+    model = load_source(source)
+    try:
+        probe_inputs(model)
+    except ValueError as err:  # every export is checked on token inputs
+        return {fmt: str(err).removeprefix("model: ") for fmt in FORMATS}
+    out: dict[str, str | None] = {}
+    for fmt, probe in (("remote-code", remote_spec), ("uniform", uniform_config)):
+        try:
+            probe(model)
+            out[fmt] = None
+        except ValueError as err:
+            out[fmt] = str(err).removeprefix("format: ").removeprefix("model: ")
+    out["padded"] = None
+    try:
+        import onnx  # noqa: F401
+        import onnxruntime  # noqa: F401
+
+        out["onnx"] = None
+    except ImportError:
+        out["onnx"] = "onnx and onnxruntime are not installed (pip install 'prunetrain[onnx]')."
+    return out
+
+
+def export(source: str | os.PathLike | nn.Module, destination: str | os.PathLike, format: str,
+           overwrite: bool = False) -> dict:
+    """Write `source` (a pruned model or directory) to `destination` in `format`; returns a summary dict.
+
+    Args:
+        source: a model, or a directory written by `save_pruned` (or `save_pretrained`).
+        destination: the directory to create.
+        format: one of `FORMATS`: "remote-code" (self-contained directory, `trust_remote_code=True`), "uniform"
+            (standard config, every site the same heads), "padded" (original shapes, removed heads zero: exact, no
+            speed-up), "onnx" (ONNX graphs checked with ONNX Runtime).
+        overwrite: replace an existing non-empty `destination`.
+
+    Returns:
+        {"format", "destination", "files", "max_abs_diff", "heads"}.
+    """
+    check_choice("format", format, FORMATS)
+    destination = Path(destination)
+    if destination.exists() and (not destination.is_dir() or any(destination.iterdir())) and not overwrite:
+        raise ValueError(f"destination: {str(destination)!r} already exists and is not empty; pass overwrite=True "
+                         f"(--overwrite) to replace it.")
+    if isinstance(source, (str, os.PathLike)) and Path(source).resolve() == destination.resolve():
+        raise ValueError(f"destination: {str(destination)!r} is the source directory; choose another one.")
+    model = load_source(source)
+    destination.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{destination.name}.", dir=destination.parent))
+    from transformers.utils import logging as hf_logging
+
+    bars = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()  # stderr is for one-line errors
+    try:
+        out = staging / "out"
+        diff = _write(model, out, format)
+        if isinstance(source, (str, os.PathLike)):
+            _copy_extras(Path(source), out)
+        if destination.exists():
+            shutil.rmtree(destination) if destination.is_dir() else destination.unlink()
+        out.rename(destination)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+        if bars:
+            hf_logging.enable_progress_bar()
+    return {"format": format, "destination": str(destination),
+            "files": sorted(p.name for p in destination.iterdir()), "max_abs_diff": diff,
+            "heads": find_heads(model).summary()}
+
+
+def _write(model: nn.Module, out: Path, fmt: str) -> float:
+    from prunetrain.export.probe import verify
+
+    if fmt == "onnx":
+        from prunetrain.export.onnx import check_onnx, export_onnx
+
+        out.mkdir()
+        try:
+            export_onnx(model, out)
+            diff = check_onnx(model, out)
+        except ValueError:
+            raise
+        except Exception as err:  # e.g. a family whose cache the KV-cache graph cannot rebuild: one line, no traceback
+            first = (str(err).strip().splitlines() or [type(err).__name__])[0][:300]
+            raise ValueError(f"format: {type(model).__name__} could not be exported to ONNX ({type(err).__name__}: "
+                             f"{first}).") from err
+        if model.can_generate():  # decoder start, EOS and pad ids for generation loops
+            model.generation_config.save_pretrained(out)
+        return diff
+    if fmt == "remote-code":
+        from prunetrain.engine.persist import save_pruned
+        from prunetrain.engine.remote_code import remote_spec
+
+        remote_spec(model)  # refuses what the standalone modeling file cannot rebuild
+        save_pruned(model, out)
+        return verify(_load_remote(out, model), model, fmt, TOLERANCE[fmt]) if _is_shrunk(model) else 0.0
+    if fmt == "uniform":
+        from prunetrain.export.uniform import uniform_model
+
+        exported = uniform_model(model)
+    else:
+        from prunetrain.export.padded import padded_model
+
+        exported = padded_model(model)
+    diff = verify(exported, model, fmt, TOLERANCE[fmt])
+    exported.save_pretrained(out)
+    return diff
+
+
+def _load_remote(path: Path, model: nn.Module) -> nn.Module:
+    """The written directory loaded as a user without prunetrain would (through its `auto_map`)."""
+    import transformers
+
+    from prunetrain.engine.persist import _quiet_from_pretrained
+    from prunetrain.engine.remote_code import auto_classes
+
+    autos = auto_classes(model)
+    auto = next((a for a, cls in autos.items() if cls == type(model).__name__), "AutoModel")
+    attn = getattr(model.config, "_attn_implementation", None)
+    return _quiet_from_pretrained(getattr(transformers, auto), path, trust_remote_code=True,
+                                  attn_implementation=attn).eval()
+
+
+def _copy_extras(source: Path, out: Path) -> None:
+    for item in source.iterdir():
+        if item.name in MODEL_FILES or item.name.startswith("model") and ".safetensors" in item.name:
+            continue
+        if item.name.startswith("."):
+            continue
+        target = out / item.name
+        if target.exists():
+            continue
+        if item.is_dir():
+            shutil.copytree(item, target)
+        else:
+            shutil.copy2(item, target)
+
+
+__all__ = ["FORMATS", "check_formats", "export", "load_source"]

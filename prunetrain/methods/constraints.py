@@ -1,0 +1,127 @@
+"""Shape constraints that serving stacks need, applied to a selection (a `HeadMask` plus the scores behind it).
+
+- **whole key/value groups** (grouped-query attention, `site.group_size` g > 1): a group is kept whole or removed
+  whole; a partly kept group is kept when at least half of its heads are kept;
+- **head counts divisible by a tensor-parallel degree** t: every site keeps a number of key/value groups (query
+  heads without GQA) that is a multiple of t, so the heads shard evenly over t devices (0 is allowed);
+- **the same number of heads in every layer of a kind**: every site of an attention kind keeps the same count,
+  so a uniform config (`prunetrain export --format uniform`) can describe the model.
+
+Counts move to the nearest allowed value (ties: fewer heads), and within a site the highest-scoring units stay
+(a unit is one head, or one key/value group whose score is the sum of its heads' scores, as in `select_heads`).
+The amount pruned therefore moves too; the result is a new mask, the input is not modified.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from prunetrain.engine.mask import HeadMask
+from prunetrain.utils.validate import check_int
+
+
+@dataclass(frozen=True)
+class ServingConstraints:
+    """Which constraints `apply_constraints` enforces.
+
+    Args:
+        same_heads_per_kind: every site of an attention kind keeps the same number of heads.
+        whole_kv_groups: grouped-query attention keeps or removes whole key/value groups.
+        heads_multiple_of: each site's key/value-group count (head count without GQA) is a multiple of this
+            (a tensor-parallel degree; 1: no constraint).
+    """
+
+    same_heads_per_kind: bool = False
+    whole_kv_groups: bool = True
+    heads_multiple_of: int = 1
+
+    def __post_init__(self) -> None:
+        check_int("heads_multiple_of", self.heads_multiple_of, 1)
+        for name in ("same_heads_per_kind", "whole_kv_groups"):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"{name}: {getattr(self, name)!r} is not allowed; expected True or False.")
+
+
+def _unit_scores(scores, site) -> torch.Tensor:
+    values = scores[site.name] if scores is not None else torch.zeros(site.num_heads, dtype=torch.float64)
+    return values.view(-1, site.group_size).sum(1)
+
+
+def _kept_units(mask: HeadMask, site) -> torch.Tensor:
+    """Per unit: is it kept (at least half of its heads non-zero)?"""
+    alive = (mask[site.name] != 0).view(-1, site.group_size).float()
+    return alive.mean(1) >= 0.5
+
+
+def _nearest_allowed(count: float, units: int, multiple: int) -> int:
+    allowed = [u for u in range(units + 1) if u % multiple == 0]
+    return min(allowed, key=lambda u: (abs(u - count), u))
+
+
+def _keep_top(values: torch.Tensor, site, unit_scores: torch.Tensor, kept: torch.Tensor, n: int) -> torch.Tensor:
+    """Keep the `n` best units (kept ones first, then by score, then by position); removed units get 0."""
+    order = sorted(range(len(unit_scores)), key=lambda u: (not bool(kept[u]), -float(unit_scores[u]), u))
+    keep_units = torch.zeros(len(unit_scores), dtype=torch.bool)
+    keep_units[order[:n]] = True
+    keep_heads = keep_units.repeat_interleave(site.group_size)
+    restored = torch.where(values != 0, values, torch.ones_like(values))  # a unit brought back is kept at 1
+    return torch.where(keep_heads, restored, torch.zeros_like(values))
+
+
+def apply_constraints(mask: HeadMask, scores=None, constraints: ServingConstraints | None = None) -> HeadMask:
+    """A copy of `mask` that satisfies `constraints` (see the module docstring).
+
+    Args:
+        mask: the selection, e.g. from `select_heads`.
+        scores: the `HeadScores` it was made from (decides which units stay when counts change); None: the
+            lower position stays.
+        constraints: a `ServingConstraints` (None: the defaults, whole key/value groups only).
+    """
+    if not isinstance(mask, HeadMask):
+        raise ValueError(f"mask: expected a prunetrain HeadMask, got {type(mask).__name__}.")
+    constraints = constraints or ServingConstraints()
+    if not isinstance(constraints, ServingConstraints):
+        raise ValueError(f"constraints: expected a ServingConstraints, got {type(constraints).__name__}.")
+    out = mask.copy()
+    layout = mask.layout
+    targets: dict[str, int] = {}
+    counts: dict[str, float] = {}
+    for site in layout:
+        kept = _kept_units(out, site)
+        whole = constraints.whole_kv_groups or site.group_size == 1
+        counts[site.name] = float(kept.sum()) if whole else float((out[site.name] != 0).sum()) / site.group_size
+        targets[site.name] = _nearest_allowed(counts[site.name], site.num_heads // site.group_size,
+                                              constraints.heads_multiple_of)
+    if constraints.same_heads_per_kind:
+        for kind in layout.kinds:
+            sites = [s for s in layout if s.kind == kind]
+            units = min(s.num_heads // s.group_size for s in sites)
+            mean = sum(counts[s.name] for s in sites) / len(sites)
+            for s in sites:
+                targets[s.name] = _nearest_allowed(mean, units, constraints.heads_multiple_of)
+    for site in layout:
+        kept = _kept_units(out, site)
+        whole = constraints.whole_kv_groups or site.group_size == 1
+        if whole or int(kept.sum()) != targets[site.name]:
+            out[site.name] = _keep_top(out[site.name], site, _unit_scores(scores, site), kept, targets[site.name])
+    return out
+
+
+def satisfied(mask: HeadMask, constraints: ServingConstraints) -> list[str]:
+    """The constraints `mask` breaks, one short sentence each (empty: all hold)."""
+    problems = []
+    counts: dict[str, set[int]] = {}
+    for site in mask.layout:
+        alive = (mask[site.name] != 0).view(-1, site.group_size)
+        if constraints.whole_kv_groups and bool((alive.any(1) & ~alive.all(1)).any()):
+            problems.append(f"site {site.name!r} keeps part of a key/value group")
+        units = int(alive.any(1).sum())
+        if units % constraints.heads_multiple_of:
+            problems.append(f"site {site.name!r} keeps {units} key/value groups, not a multiple of "
+                            f"{constraints.heads_multiple_of}")
+        counts.setdefault(site.kind, set()).add(int(alive.sum()))
+    if constraints.same_heads_per_kind:
+        problems += [f"{kind} sites keep different head counts {sorted(c)}" for kind, c in counts.items() if len(c) > 1]
+    return problems

@@ -1,0 +1,50 @@
+"""What every translation recipe's `Seq2SeqTrainer` shares: its arguments and a wall-clock limit."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import torch
+from transformers import TrainerCallback
+
+from prunetrain.utils.progress import enabled as progress_enabled
+
+
+class TimeLimitCallback(TrainerCallback):
+    """Stop training gracefully once `max_minutes` have passed (checked after every step).
+
+    Args:
+        max_minutes: the limit in minutes; 0 means no limit. `stopped_at` records the epoch training stopped at.
+    """
+
+    def __init__(self, max_minutes: float):
+        self.max_minutes = max_minutes
+        self.start: float | None = None
+        self.stopped_at: float | None = None
+
+    def on_train_begin(self, args, state, control, **kwargs):
+        self.start = time.time()
+
+    def on_step_end(self, args, state, control, **kwargs):
+        if self.max_minutes > 0 and time.time() - self.start > 60 * self.max_minutes:
+            control.should_training_stop = True
+            self.stopped_at = state.epoch
+        return control
+
+
+def training_args(output_dir: str | Path, **settings):
+    """`Seq2SeqTrainingArguments` for the translation recipes: the run's `settings` on top of what every recipe
+    shares (Adam β2 = 0.98 as in the Transformer paper, length-grouped batches, TensorBoard, the CPU when there is
+    no CUDA, progress bars as `prunetrain.utils.progress` decides).
+
+    Args:
+        output_dir: the Trainer's output directory (checkpoints, TensorBoard runs).
+        **settings: any `Seq2SeqTrainingArguments` field; they override the shared ones.
+    """
+    from transformers import Seq2SeqTrainingArguments
+
+    shared = dict(report_to=["tensorboard"], disable_tqdm=not progress_enabled(),
+                  use_cpu=not torch.cuda.is_available(), dataloader_num_workers=0,
+                  train_sampling_strategy="group_by_length", adam_beta2=0.98)
+    return Seq2SeqTrainingArguments(output_dir=str(output_dir), **(shared | settings))

@@ -1,0 +1,289 @@
+"""`HardConcreteCallback`: Hard-Concrete gates on attention heads (Voita et al. 2019 §6) trained beside the model
+with the L0 penalty λ Σ (1 − P(g = 0)) or a Lagrangian head budget; at the end the gates become a HeadMask
+(optionally `shrink`)."""
+
+from __future__ import annotations
+
+import math
+from typing import Callable
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from prunetrain.engine.heads import find_heads, unwrap_model
+from prunetrain.engine.mask import HeadMask
+from prunetrain.engine.shrink import shrink
+from prunetrain.methods.gates import HardConcreteGates, LagrangianBudget, gates_for
+from prunetrain.training.base import (PrunetrainCallback, check_callback_kinds, check_model_kinds, current_epoch,
+                                      when)
+from prunetrain.training.distributed import find_ddp, rebuild_ddp, world_size
+from prunetrain.training.state import load_optimizer_state, optimizer_state
+from prunetrain.utils.device import device_of
+from prunetrain.utils.plots import heatmap_figure
+from prunetrain.utils.validate import check_choice, check_positive_float
+
+FINALIZE = ("mask", "shrink", "none")
+
+
+class HardConcreteCallback(PrunetrainCallback):
+    """Hard-Concrete gates on attention heads (Voita et al. 2019 §6), trained beside the model.
+
+    How the penalty enters training without a Trainer subclass: the penalty does not depend on the data, so its
+    gradient is added to the gate parameters at each optimizer step, after the data gradient (accumulated over
+    the step's micro-batches and, under DDP or FSDP, averaged over ranks) — exactly the gradient of
+    L = L_xent + λ Σ (1 − P(g = 0)) (Voita eq. 6). The Trainer's logged loss is L_xent; the penalty is logged
+    separately.
+
+    Args:
+        lam: λ of the L0 penalty λ Σ_i (1 − P(g_i = 0)) (Voita eq. 6). Exactly one of `lam` and `target_heads`
+            is given.
+        target_heads: a head budget: keep this many gated heads (int) or this share of them (float in (0, 1]),
+            reached with a Lagrangian on the expected L0 (`LagrangianBudget`).
+        kinds: which attention kinds are gated (default all; Voita §6.2 gates "encoder_self" only).
+        freeze: None, "decoder" (Voita §6.2: the decoder is frozen while encoder heads are gated), "model"
+            (only the gates train — then the Trainer needs at least one trainable parameter, so prefer
+            "decoder" or a predicate) or a predicate name -> bool. Applied before the Trainer builds its optimizer,
+            so frozen weights are left out of it; undone (each parameter's `requires_grad` restored) at train end.
+        gate_lr: the gates' own learning rate (Adam, no weight decay).
+        lagrangian_lr: the multipliers' learning rate (Adam, gradient ascent).
+        init_log_alpha: initial log α of every gate.
+        seed: seed of the gates' initial noise.
+        finalize: at the end of training the gates become a HeadMask (the deterministic gates log α > 0; with
+            `target_heads`, exactly the budgeted number of gated heads with the largest log α): "mask" attaches it to the
+            model, "shrink" removes the heads (also under DDP; under FSDP shrink a gathered copy instead, see
+            `prunetrain.training.distributed.gathered_copy`), "none" only records it.
+        output_dir: where files go (default `<output_dir>/prunetrain`).
+        tensorboard: write TensorBoard scalars and figures.
+    """
+
+    name = "hard-concrete"
+
+    def __init__(self, lam: float | None = None, *, target_heads: int | float | None = None, kinds=None,
+                 freeze: str | Callable[[str], bool] | None = None, gate_lr: float = 0.1,
+                 lagrangian_lr: float = 0.05, init_log_alpha: float = 3.0, seed: int = 0, finalize: str = "mask",
+                 output_dir: str | None = None, tensorboard: bool = True):
+        super().__init__(output_dir, tensorboard)
+        if (lam is None) == (target_heads is None):
+            raise ValueError(f"lam, target_heads: give exactly one (a penalty weight λ or a head budget), got "
+                             f"lam={lam!r}, target_heads={target_heads!r}.")
+        if lam is not None:
+            check_positive_float("lam", lam, allow_zero=True)
+        if target_heads is not None:
+            if isinstance(target_heads, bool) or not isinstance(target_heads, (int, float)):
+                raise ValueError(f"target_heads: {target_heads!r} must be a count (int >= 0) or a share of the "
+                                 f"gated heads (float in (0, 1]).")
+            if isinstance(target_heads, float) and not 0 < target_heads <= 1:
+                raise ValueError(f"target_heads: {target_heads!r} is not a share in (0, 1] of the gated heads.")
+            if isinstance(target_heads, int) and target_heads < 0:
+                raise ValueError(f"target_heads: {target_heads!r} is negative.")
+        check_positive_float("gate_lr", gate_lr)
+        check_positive_float("lagrangian_lr", lagrangian_lr)
+        if not (freeze is None or callable(freeze) or freeze in ("decoder", "model")):
+            raise ValueError(f"freeze: {freeze!r} is not one of None, 'decoder', 'model' or a function name -> bool.")
+        check_choice("finalize", finalize, FINALIZE)
+        self.kinds = check_callback_kinds(kinds)
+        self.lam, self.target_heads, self.freeze = lam, target_heads, freeze
+        self.gate_lr, self.lagrangian_lr, self.init_log_alpha, self.seed = gate_lr, lagrangian_lr, init_log_alpha, seed
+        self.finalize = finalize
+        self.gates: HardConcreteGates | None = None
+        self.lagrangian: LagrangianBudget | None = None
+        self._gate_optimizer: torch.optim.Optimizer | None = None
+        self._lagrangian_optimizer: torch.optim.Optimizer | None = None
+        self._frozen: list[nn.Parameter] = []  # parameters this callback froze (and unfreezes at train end)
+        self._pending_steps: dict[str, float] = {}
+        self.history: list[dict] = []  # one record per epoch
+        self.trace: list[dict] = []  # heads alive per kind at every logging step (Voita Fig. 9 within one run)
+        self.final_mask: HeadMask | None = None
+        self._last_penalty = 0.0
+
+    @property
+    def target_count(self) -> float | None:
+        if self.target_heads is None or self.gates is None:
+            return None
+        total = sum(self.gates.layout[n].num_heads for n in self.gates.site_names)
+        return float(self.target_heads) if isinstance(self.target_heads, int) else self.target_heads * total
+
+    def on_init_end(self, args, state, control, model=None, **kwargs):
+        if model is None:
+            raise ValueError("model: HardConcreteCallback needs the Trainer's model.")
+        self.check_engine(model, args)
+        net = unwrap_model(model)
+        layout = find_heads(net)
+        check_model_kinds(self.kinds, layout)
+        self.gates = gates_for(net, kinds=self.kinds, init_log_alpha=self.init_log_alpha, seed=self.seed)
+        gated = sum(layout[n].num_heads for n in self.gates.site_names)
+        if isinstance(self.target_heads, int) and self.target_heads > gated:
+            raise ValueError(f"target_heads: {self.target_heads} is more than the {gated} gated heads.")
+        self.freeze_parameters(net)
+        self.gates.attach(net)
+        self._gate_optimizer = torch.optim.Adam(self.gates.parameters(), lr=self.gate_lr, weight_decay=0.0)
+        if self.target_heads is not None:
+            self.lagrangian = LagrangianBudget().to(device_of(net))
+            self._lagrangian_optimizer = torch.optim.Adam(self.lagrangian.parameters(), lr=self.lagrangian_lr,
+                                                          maximize=True)
+
+    # freeze / unfreeze (symmetric) ----------------------------------------------------------------------------------
+    def freeze_parameters(self, net: nn.Module) -> list[nn.Parameter]:
+        """Freeze the parameters `freeze` names (only those that were trainable); `unfreeze_parameters` undoes it."""
+        if self.freeze is None:
+            return []
+        if self.freeze == "decoder":
+            if not getattr(net.config, "is_encoder_decoder", False):
+                raise ValueError(f"freeze: 'decoder' needs an encoder-decoder model; {type(net).__name__} is not.")
+            shared = {id(p) for p in net.get_input_embeddings().parameters()}  # tied embeddings stay trainable
+            chosen = {id(p) for p in net.get_decoder().parameters()} - shared
+        else:
+            rule = (lambda name: True) if self.freeze == "model" else self.freeze
+            chosen = {id(p) for name, p in net.named_parameters() if rule(name)}
+        for param in net.parameters():
+            if id(param) in chosen and param.requires_grad:
+                param.requires_grad_(False)
+                self._frozen.append(param)
+        return self._frozen
+
+    def unfreeze_parameters(self) -> None:
+        """Make trainable again exactly the parameters `freeze_parameters` froze."""
+        for param in self._frozen:
+            param.requires_grad_(True)
+        self._frozen = []
+
+    def engine_requirements(self) -> list[tuple[str, tuple[str, ...]]]:
+        needs = super().engine_requirements()
+        if self.finalize == "shrink":
+            needs.append(("HardConcreteCallback(finalize='shrink')", ("single", "ddp")))
+        return needs
+
+    def on_train_begin(self, args, state, control, model=None, **kwargs):
+        self._setup(args, state, model)
+        self._restore(args, state)
+        if self.gates is not None:
+            self.gates.to(device_of(unwrap_model(model)))
+
+    def penalty(self) -> torch.Tensor:
+        """The regulariser added to the loss: λ Σ (1 − P(g = 0)), or the Lagrangian budget term."""
+        expected = self.gates.expected_l0()
+        if self.lagrangian is None:
+            return self.lam * expected
+        total = sum(self.gates.layout[n].num_heads for n in self.gates.site_names)
+        return self.lagrangian(expected / total, self.target_count / total)
+
+    def on_optimizer_step(self, args, state, control, **kwargs):
+        """Step the gates (and multipliers) once per optimizer step: data gradient averaged over ranks, plus the
+        penalty's gradient."""
+        params = list(self.gates.parameters())
+        for p in params:
+            if p.grad is None:
+                p.grad = torch.zeros_like(p)
+        world = world_size()
+        if world > 1:
+            for p in params:
+                dist.all_reduce(p.grad, op=dist.ReduceOp.SUM)
+                p.grad /= world
+        penalty = self.penalty()
+        penalty.backward()
+        self._last_penalty = float(penalty.detach())
+        self._gate_optimizer.step()
+        self._gate_optimizer.zero_grad(set_to_none=True)
+        if self._lagrangian_optimizer is not None:
+            self._lagrangian_optimizer.step()
+            self._lagrangian_optimizer.zero_grad(set_to_none=True)
+
+    def on_log(self, args, state, control, logs=None, **kwargs):
+        if self.gates is None or not self._is_main:
+            return
+        with torch.no_grad():
+            expected = float(self.gates.expected_l0())
+            per_kind = self.gates.open_per_kind()
+        self.trace.append({"step": state.global_step, "expected_l0": expected, "open_per_kind": per_kind,
+                           "penalty": self._last_penalty})
+        self._tb_scalar("prunetrain/expected_l0", expected, state.global_step)
+        self._tb_scalar("prunetrain/l0_penalty", self._last_penalty, state.global_step)
+        self._tb_scalar("prunetrain/heads_alive_by_step", sum(per_kind.values()), state.global_step)
+        for kind, count in per_kind.items():
+            self._tb_scalar(f"prunetrain/heads_alive_by_step/{kind}", count, state.global_step)
+
+    def on_epoch_end(self, args, state, control, **kwargs):
+        epoch = current_epoch(state)
+        with torch.no_grad():
+            expected = float(self.gates.expected_l0())
+            per_kind = self.gates.open_per_kind()
+            per_site = {n: int(self.gates.deterministic(n).sum()) for n in self.gates.site_names}
+            prob_open = self.gates.prob_open_matrix()
+        record = {"epoch": epoch, "step": state.global_step, "expected_l0": expected, "open_per_kind": per_kind,
+                  "open_per_site": per_site, "penalty": self._last_penalty,
+                  "p_open": [[None if math.isnan(v) else v for v in row] for row in prob_open.tolist()]}
+        if self.lagrangian is not None:
+            record["lambda_1"] = float(self.lagrangian.lambda_1.detach())
+            record["lambda_2"] = float(self.lagrangian.lambda_2.detach())
+        self.history.append(record)
+        self._write_json("gates_history.json", self.history)
+        self._tb_scalar("prunetrain/heads_alive", sum(per_kind.values()), epoch)
+        for kind, count in per_kind.items():
+            self._tb_scalar(f"prunetrain/heads_alive/{kind}", count, epoch)
+        if self._is_main and self._tb is not None:
+            labels = [f"{self.gates.layout[n].kind}:{self.gates.layout[n].layer}" for n in self.gates.site_names]
+            self._tb_figure("prunetrain/gate_p_open", heatmap_figure(prob_open, labels, f"P(gate open), epoch {epoch}",
+                                                                     vmin=0, vmax=1, colorbar_label="1 − P(g=0)"),
+                            epoch)
+        self._log(f"{when(state)}: gates open {sum(per_kind.values())} "
+                  f"({', '.join(f'{k} {v}' for k, v in per_kind.items())}), expected L0 {expected:.2f}")
+        self._flush()
+
+    def on_train_end(self, args, state, control, model=None, **kwargs):
+        self._write_json("gates_trace.json", self.trace)
+        self.unfreeze_parameters()
+        if self.gates is not None and self.gates.attached:
+            budget = None if self.target_count is None else int(round(self.target_count))
+            self.final_mask = self.gates.to_mask(keep=budget)
+            self.gates.detach()
+            net = unwrap_model(model)
+            if self.finalize == "mask":
+                self.final_mask.attach(net)
+            elif self.finalize == "shrink":
+                ddp = find_ddp(net)
+                shrink(net, self.final_mask)
+                if ddp is not None:  # every rank holds the same gates (averaged gradients), so the same heads go
+                    rebuild_ddp(ddp)
+            self._write_json("final_mask.json", self.final_mask.to_dict())
+            self._log(f"final gates: {self.final_mask.num_kept}/{self.final_mask.num_heads} heads kept "
+                      f"({', '.join(f'{k} {v}' for k, v in self.final_mask.kept_per_kind().items())}) [{self.finalize}]")
+        super().on_train_end(args, state, control, **kwargs)
+
+    # resume ---------------------------------------------------------------------------------------------------------
+    def _optimizers(self) -> dict[str, torch.optim.Optimizer]:
+        groups = {"gates": self._gate_optimizer}
+        if self._lagrangian_optimizer is not None:
+            groups["lagrangian"] = self._lagrangian_optimizer
+        return groups
+
+    def state_dict(self) -> dict:
+        steps = {}
+        for prefix, optimizer in self._optimizers().items():
+            steps.update(optimizer_state(prefix, optimizer)[0])
+        return {"history": self.history, "trace": self.trace, "optimizer_steps": steps}
+
+    def tensor_state(self) -> dict[str, torch.Tensor]:
+        tensors = {f"gates.{k}": v for k, v in self.gates.state_dict().items()}
+        if self.lagrangian is not None:
+            tensors.update({f"lagrangian.{k}": v for k, v in self.lagrangian.state_dict().items()})
+        for prefix, optimizer in self._optimizers().items():
+            tensors.update({f"opt.{k}": v for k, v in optimizer_state(prefix, optimizer)[1].items()})
+        return tensors
+
+    def load_state_dict(self, state: dict) -> None:
+        self.history = list(state.get("history", []))
+        self.trace = list(state.get("trace", []))
+        self._pending_steps = dict(state.get("optimizer_steps", {}))
+
+    def load_tensor_state(self, tensors: dict[str, torch.Tensor]) -> None:
+        self.gates.load_state_dict({k[len("gates."):]: v for k, v in tensors.items() if k.startswith("gates.")})
+        if self.lagrangian is not None:
+            self.lagrangian.load_state_dict({k[len("lagrangian."):]: v for k, v in tensors.items()
+                                             if k.startswith("lagrangian.")})
+        optimizer_tensors = {k[len("opt."):]: v for k, v in tensors.items() if k.startswith("opt.")}
+        for prefix, optimizer in self._optimizers().items():
+            load_optimizer_state(prefix, optimizer, self._pending_steps, optimizer_tensors)
+
+
+__all__ = ["HardConcreteCallback"]

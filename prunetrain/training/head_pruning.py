@@ -1,0 +1,314 @@
+"""`HeadPruningCallback`: head importance (Michel et al. 2019) at chosen points of training, recorded as JSON and
+TensorBoard heatmaps with the rank correlation between consecutive points (Michel §6: when do the important heads
+settle?), and optional pruning on a schedule, by masking (`mode="mask"`) or physical removal (`mode="shrink"`, the
+optimizer state sliced so training goes on faster; under DDP the reducer's buckets are rebuilt on every rank).
+
+Points are epochs (fractional allowed: 0.5 is the middle of the first epoch) or global steps; every record carries
+both the global step and the exact fractional epoch (`prunetrain.training.scheduled`).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Iterable, Mapping
+
+from prunetrain.engine.heads import HeadLayout, find_heads, unwrap_model
+from prunetrain.engine.mask import HeadMask
+from prunetrain.engine.shrink import shrink
+from prunetrain.methods.importance import HeadScores, get_scorer, random_scores
+from prunetrain.methods.selection import SCOPES, iterative_prune, select_heads
+from prunetrain.training.base import (check_callback_kinds, check_epochs_fit, check_model_kinds, first_batches,
+                                      importance_heatmap, kept_summary, local_share)
+from prunetrain.training.distributed import find_ddp, rebuild_ddp
+from prunetrain.training.points import (Plan, Point, check_amount_schedule, check_step_points, epoch_spec,
+                                        file_label, label, resolve)
+from prunetrain.training.scheduled import ScheduledCallback
+from prunetrain.utils.validate import ALL_BATCHES, check_amount, check_choice, check_int
+
+MODES = ("mask", "shrink")
+
+
+class HeadPruningCallback(ScheduledCallback):
+    """Head importance at chosen points and, optionally, pruning on a schedule.
+
+    Args:
+        at_epochs: when to compute (and record) importance: a list of epoch points in increasing order (ints or
+            fractional floats: `[0.5, 1, 2.25]`), an int N (every N whole epochs) or a function epoch -> bool
+            (whole epochs). Importance is also computed at every pruning point.
+        at_steps: more importance points, as global optimizer steps (increasing).
+        prune: None (only record), or the cumulative amount pruned by a point: a dict {epoch: amount} (epochs may
+            be fractional, e.g. {0.5: 0.25, 1.5: 0.5}) or a function whole-epoch -> amount | None. An amount is a
+            fraction (float in [0, 1]) or a count (int) of all heads (`select_heads` convention).
+        prune_steps: the same schedule keyed by global step, e.g. {300: 0.25, 900: 0.5}.
+        mode: "mask" (zero the heads, keep the weights) or "shrink" (remove them physically with the optimizer
+            state sliced; under DDP every rank shrinks the same heads and DDP's gradient buckets are rebuilt;
+            refused under FSDP, whose flat shards cannot change shape mid-run).
+        iterative: prune in steps of `step` (of all heads), re-estimating importance in between (Michel §4).
+        step: the step of iterative pruning (fraction or count).
+        scope: "global", "layer" or "kind" (see `select_heads`).
+        kinds: the attention kinds that may be pruned (default all).
+        min_heads_per_layer: heads every site keeps.
+        batches: the batches importance is computed on (a list or DataLoader; under DDP each rank takes its share).
+            Default: the first `num_batches` batches of the Trainer's training dataloader at that moment.
+        num_batches: see `batches`.
+        scorer: "gradient" (Michel), "ablation", "confidence", "random" or a callable.
+        scorer_options: keyword options of the scorer.
+        record_end: when training stops part-way through an epoch (time cap, `max_steps`), record importance at
+            that exact step as an "end" point (no pruning there).
+        output_dir: where files go (default `<output_dir>/prunetrain`).
+        tensorboard: write TensorBoard scalars and heatmaps (TensorBoard step = global step).
+    """
+
+    name = "head-pruning"
+
+    def __init__(self, at_epochs=(1,), prune: Mapping[float, float | int] | Callable[[int], Any] | None = None, *,
+                 at_steps: Iterable[int] = (), prune_steps: Mapping[int, float | int] | None = None,
+                 mode: str = "mask", iterative: bool = False, step: float | int = 0.1, scope: str = "global",
+                 kinds=None, min_heads_per_layer: int = 1, batches: Iterable | None = None, num_batches: int = 8,
+                 scorer: str | Callable = "gradient", scorer_options: Mapping | None = None, record_end: bool = True,
+                 output_dir: str | None = None, tensorboard: bool = True):
+        super().__init__(output_dir, tensorboard)
+        selector, epochs = epoch_spec(at_epochs, "at_epochs")
+        steps = check_step_points("at_steps", list(at_steps))
+        check_choice("mode", mode, MODES)
+        check_choice("scope", scope, SCOPES)
+        self.kinds = check_callback_kinds(kinds)
+        check_int("min_heads_per_layer", min_heads_per_layer, 0)
+        check_int("num_batches", num_batches)
+        check_amount("step", step)
+        if step == 0:
+            raise ValueError("step: 0 would never prune; give a fraction > 0 or a count >= 1.")
+        self._prune_fn: Callable[[int], Any] | None = None
+        self._prune_epochs: dict[float, Any] = {}
+        if prune is None:
+            pass
+        elif callable(prune):
+            self._prune_fn = prune
+        elif isinstance(prune, Mapping):
+            self._prune_epochs = {float(k): v for k, v in check_amount_schedule("prune", prune, "epoch").items()}
+        else:
+            raise ValueError(f"prune: {prune!r} is not a schedule; give a dict {{epoch: amount}}, a function "
+                             f"epoch -> amount or None.")
+        self._prune_steps = check_amount_schedule("prune_steps", prune_steps or {}, "step")
+        self._last_epoch = max([int(e) + (e % 1 > 0) for e in epochs + list(self._prune_epochs)], default=None)
+        at_selector = selector
+        prune_fn = self._prune_fn
+        whole = None
+        if at_selector is not None or prune_fn is not None:
+            def whole(epoch: int) -> bool:
+                return bool((at_selector is not None and at_selector(epoch))
+                            or (prune_fn is not None and prune_fn(epoch) is not None))
+        plan = Plan(sorted(set(epochs) | set(self._prune_epochs)), sorted(set(steps) | set(self._prune_steps)), whole)
+        self._init_points(plan, record_end)
+        get_scorer(scorer, **dict(scorer_options or {}))  # validates the name and options now
+        self.mode, self.iterative, self.step, self.scope = mode, iterative, step, scope
+        self.min_heads_per_layer, self.num_batches = min_heads_per_layer, num_batches
+        self.batches = batches
+        self.scorer, self.scorer_options = scorer, dict(scorer_options or {})
+        self.mask: HeadMask | None = None
+        self.history: dict[int, dict] = {}  # global step -> {"step", "epoch", "label", "kind", "scores", "alive"}
+        self.stability: list[dict] = []  # Spearman ρ of importance between consecutive points
+        self.events: list[dict] = []
+        self._amount_at: dict[int, Any] = {}
+
+    # configuration checks that need the model and the training arguments
+    def on_init_end(self, args, state, control, model=None, **kwargs):
+        self.check_engine(model, args)
+        check_epochs_fit(args, self._last_epoch, "at_epochs/prune")
+        if model is not None:
+            layout = find_heads(model)
+            check_model_kinds(self.kinds, layout)
+            self._check_amounts_fit(layout)
+            if self.mask is None:
+                self.mask = HeadMask.ones(layout)
+
+    def _check_amounts_fit(self, layout: HeadLayout) -> None:
+        """Refuse, before training starts, an amount the model cannot give: more heads than in scope, or more than
+        `min_heads_per_layer` leaves prunable."""
+        in_scope = sum(s.num_heads for s in layout if self.kinds is None or s.kind in self.kinds)
+        schedules = [("prune", self._prune_epochs), ("prune_steps", self._prune_steps)]
+        for argument, table in schedules:
+            for key, amount in table.items():
+                if isinstance(amount, int) and amount > in_scope:
+                    raise ValueError(f"{argument}[{key:g}]: {amount} heads is more than the {in_scope} heads in "
+                                     f"scope.")
+                try:
+                    select_heads(random_scores(layout), amount, scope=self.scope, kinds=self.kinds,
+                                 min_heads_per_layer=self.min_heads_per_layer)
+                except ValueError as err:
+                    raise ValueError(f"{argument}[{key:g}]: {amount!r} cannot be reached with min_heads_per_layer="
+                                     f"{self.min_heads_per_layer} on this model ({err}); lower the amount or "
+                                     f"min_heads_per_layer.") from None
+
+    def engine_requirements(self) -> list[tuple[str, tuple[str, ...]]]:
+        needs = super().engine_requirements()
+        if self.mode == "shrink":
+            needs.append(("HeadPruningCallback(mode='shrink')", ("single", "ddp")))
+        return needs
+
+    def on_train_begin(self, args, state, control, model=None, train_dataloader=None, **kwargs):
+        self._setup(args, state, model)
+        if self._restore(args, state) and self.mask is not None and self.mask.num_kept < self.mask.num_heads:
+            if self.mode == "mask":
+                self.mask.attach(model)
+        self._start_plan(args, state, train_dataloader)
+        self._amount_at = self._place_amounts()
+
+    def _place_amounts(self) -> dict[int, Any]:
+        """The prune schedule on steps; cumulative amounts of one type must not decrease in step order."""
+        placed = {p.step: self._prune_epochs[p.given[1]]
+                  for p in resolve(list(self._prune_epochs), [], self.plan.per_epoch)} if self._prune_epochs else {}
+        for step, amount in self._prune_steps.items():
+            if step in placed and placed[step] != amount:
+                raise ValueError(f"prune_steps[{step}]: {amount!r} falls on the same step as prune's "
+                                 f"{placed[step]!r}; give one amount per step.")
+            placed[step] = amount
+        previous = None
+        for step in sorted(placed):
+            amount = placed[step]
+            if previous is not None and type(previous[1]) is type(amount) and amount < previous[1]:
+                raise ValueError(f"prune/prune_steps: {amount!r} at step {step} is less than the {previous[1]!r} "
+                                 f"pruned at step {previous[0]}; the schedule gives cumulative amounts in step order.")
+            previous = (step, amount)
+        return placed
+
+    def state_dict(self) -> dict:
+        return {"mask": self.mask.to_dict() if self.mask is not None else None,
+                "layout": self.mask.layout.to_dict() if self.mask is not None else None,
+                "history": {str(k): v for k, v in self.history.items()}, "events": self.events,
+                "stability": self.stability, **self.points_state()}
+
+    def load_state_dict(self, state: dict) -> None:
+        if state.get("mask") is not None:
+            layout = HeadLayout.from_dict(state["layout"])
+            if self.mask is not None and self.mask.attached:
+                self.mask.detach()
+            self.mask = HeadMask.from_dict(state["mask"], layout)
+        self.history = {int(k): v for k, v in state.get("history", {}).items()}
+        self.events = list(state.get("events", []))
+        self.stability = list(state.get("stability", []))
+        self.load_points_state(state)
+
+    def _importance_batches(self, model, train_dataloader) -> list:
+        if self.batches is not None:
+            return local_share(first_batches(self.batches, ALL_BATCHES), model)
+        if train_dataloader is None:
+            raise ValueError("batches: no batches for importance; pass batches=... to HeadPruningCallback.")
+        return first_batches(train_dataloader, self.num_batches)
+
+    def act(self, point: Point, kind: str, state, model=None, optimizer=None, train_dataloader=None, **kwargs):
+        amount = None
+        if kind == "scheduled":
+            amount = self._amount_at.get(point.step)
+            if amount is None and self._prune_fn is not None and point.given[0] == "epoch" and point.given[1] % 1 == 0:
+                amount = self._prune_fn(int(point.given[1]))
+                if amount is not None:
+                    check_amount(f"prune({int(point.given[1])})", amount)
+        if self.mask is None:
+            self.mask = HeadMask.ones(model)
+        batches = self._importance_batches(model, train_dataloader)
+        scores = get_scorer(self.scorer, **self.scorer_options)(model, batches)
+        self.record(state.global_step, float(state.epoch or 0), scores, kind)
+        if amount is not None:
+            self.apply_pruning(model, optimizer, state, amount, scores, batches)
+
+    def record(self, step: int, epoch: float, scores: HeadScores, kind: str = "scheduled") -> None:
+        """Keep the scores of the point at global `step` (fractional `epoch`): JSON file named by both, history,
+        TensorBoard heatmap at the global step, and Spearman ρ against the previous point on the heads alive in
+        both (identified by site and original head index)."""
+        name = f"importance_{file_label(step, epoch)}.json"
+        data = scores.to_dict()
+        data["meta"] = dict(data.get("meta", {}), point={"step": step, "epoch": epoch, "label": label(step, epoch),
+                                                         "kind": kind})
+        alive = {}
+        for site in scores.layout:
+            keep = self.mask[site.name].tolist() if self.mask is not None and site.name in self.mask.layout else None
+            for position, original in enumerate(site.heads):
+                if keep is None or keep[position]:
+                    alive[f"{site.name}:{original}"] = float(scores.values[site.name][position])
+        previous = max((s for s in self.history if s < step), default=None)
+        self.history[step] = {"step": step, "epoch": epoch, "label": label(step, epoch), "kind": kind, "file": name,
+                              "scores": data, "alive": alive}
+        self._write_json(name, data)
+        if previous is not None:
+            self._record_stability(self.history[previous], self.history[step])
+        self._write_json("importance_points.json", [{k: v for k, v in h.items() if k not in ("scores", "alive")}
+                                                    for _, h in sorted(self.history.items())])
+        if self._is_main and self._tb is not None:
+            self._tb_figure("prunetrain/importance", importance_heatmap(scores, f"head importance, "
+                                                                                f"{label(step, epoch)}"), step)
+
+    def _record_stability(self, before: dict, after: dict) -> None:
+        from prunetrain.methods.studies import spearman
+
+        common = sorted(set(before["alive"]) & set(after["alive"]))
+        rho = spearman([before["alive"][h] for h in common], [after["alive"][h] for h in common]) \
+            if len(common) >= 2 else None
+        entry = {"from_step": before["step"], "from_epoch": before["epoch"], "to_step": after["step"],
+                 "to_epoch": after["epoch"], "label": f"{before['label']} → {after['label']}",
+                 "heads_compared": len(common), "spearman": rho}
+        self.stability.append(entry)
+        self._write_json("importance_stability.json", self.stability)
+        if rho is not None:
+            self._tb_scalar("prunetrain/importance_spearman_vs_previous", rho, after["step"])
+            self._log(f"importance {entry['label']}: Spearman ρ {rho:.3f} over {len(common)} heads")
+
+    def apply_pruning(self, model, optimizer, state, amount, scores: HeadScores, batches: list) -> HeadMask:
+        """Prune to the cumulative `amount` and apply it (mask or shrink); one log line per event."""
+        step, epoch = int(state.global_step), float(state.epoch or 0)
+        before = self.mask.kept_per_kind()
+        options = dict(scope=self.scope, kinds=self.kinds, min_heads_per_layer=self.min_heads_per_layer,
+                       base_mask=self.mask)
+        if self.iterative:
+            step_amount = self.step if type(self.step) is type(amount) else (
+                float(self.step) if isinstance(amount, float) else max(1, int(self.step)))
+            result = iterative_prune(model, batches, step=step_amount, target=amount, scorer=self.scorer,
+                                     scorer_options=self.scorer_options, **options)
+            new_mask = result.mask
+        else:
+            new_mask = select_heads(scores, amount, **options)
+        total_before = self.mask.num_kept
+        if self.mask.attached:
+            self.mask.detach()
+        if self.mode == "shrink":
+            layout = self._shrink(model, new_mask, optimizer)
+            self.mask = HeadMask.ones(layout)
+            after = layout.heads_per_kind()
+            total_after = layout.total_heads
+        else:
+            self.mask = new_mask
+            self.mask.attach(model)
+            after = self.mask.kept_per_kind()
+            total_after = self.mask.num_kept
+        event = {"step": step, "epoch": epoch, "label": label(step, epoch), "amount": amount, "mode": self.mode,
+                 "heads_before": total_before, "heads_after": total_after, "per_kind_before": before,
+                 "per_kind_after": after}
+        self.events.append(event)
+        self._write_json("pruning_events.json", self.events)
+        self._log(f"{label(step, epoch)}: pruned heads {total_before} → {total_after} ({kept_summary(before, after)}) "
+                  f"[{self.mode}]")
+        self._tb_scalar("prunetrain/heads_alive", total_after, step)
+        for kind, count in after.items():
+            self._tb_scalar(f"prunetrain/heads_alive/{kind}", count, step)
+        self._tb_scalar("prunetrain/sparsity", 1 - total_after / max(1, sum(s.original_num_heads
+                                                                             for s in find_heads(model))), step)
+        return self.mask
+
+    @staticmethod
+    def _shrink(model, mask: HeadMask, optimizer) -> HeadLayout:
+        """Remove the masked heads in place (optimizer state sliced). Under DDP every rank computed the same mask
+        (importance is all-reduced), shrinks the same heads, then rebuilds DDP's gradient buckets."""
+        net = unwrap_model(model)
+        ddp = find_ddp(net)
+        layout = shrink(net, mask, optimizer=optimizer)
+        if ddp is not None:
+            rebuild_ddp(ddp)
+        return layout
+
+    def on_train_end(self, args, state, control, **kwargs):
+        self._finish_plan(state)
+        if self.mask is not None:
+            self._write_json("final_mask.json", self.mask.to_dict())
+        super().on_train_end(args, state, control, **kwargs)
+
+
+__all__ = ["HeadPruningCallback"]

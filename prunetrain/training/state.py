@@ -1,0 +1,131 @@
+"""State that lets a pruned training run survive a crash: the callbacks' own checkpoint files, the RNG state a
+pruning curve must leave untouched, finding the last complete checkpoint and rebuilding a shrunk model's shape
+before `trainer.train(resume_from_checkpoint=...)`.
+
+Each callback writes `prunetrain-<name>.json` (and `.safetensors` for tensors) into `checkpoint-N/` in `on_save`,
+after the Trainer's own files, so a checkpoint that holds them is complete.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file, save_file
+from torch import nn
+
+from prunetrain.engine.heads import LAYOUT_CONFIG_KEY, HeadLayout
+from prunetrain.engine.persist import shrink_to_layout
+
+
+def save_callback_state(checkpoint: Path, name: str, data: dict, tensors: dict[str, torch.Tensor]) -> None:
+    """Write one callback's JSON state (and tensors, if any) into a Trainer checkpoint directory."""
+    checkpoint.mkdir(parents=True, exist_ok=True)
+    (checkpoint / f"prunetrain-{name}.json").write_text(json.dumps(data))
+    if tensors:
+        save_file({k: v.detach().cpu().contiguous() for k, v in tensors.items()},
+                  str(checkpoint / f"prunetrain-{name}.safetensors"))
+
+
+def load_callback_state(checkpoint: Path, name: str, owner: str) -> tuple[dict, dict[str, torch.Tensor] | None]:
+    """Read what `save_callback_state` wrote; a checkpoint without it cannot be resumed by callback `owner`."""
+    path = checkpoint / f"prunetrain-{name}.json"
+    if not path.is_file():
+        raise ValueError(f"resume: {str(checkpoint)!r} has no {path.name}; it was not written by a run with "
+                         f"{owner}, so its pruning state cannot be restored.")
+    tensors = checkpoint / f"prunetrain-{name}.safetensors"
+    return json.loads(path.read_text()), (load_file(str(tensors)) if tensors.is_file() else None)
+
+
+def optimizer_state(prefix: str, optimizer: torch.optim.Optimizer) -> tuple[dict[str, float], dict[str, torch.Tensor]]:
+    """A small optimizer's state as (JSON step counts, tensors), keyed `<prefix>.<param index>[.<field>]`."""
+    steps, tensors = {}, {}
+    for index, state in optimizer.state_dict()["state"].items():
+        for key, value in state.items():
+            if key == "step":
+                steps[f"{prefix}.{index}"] = float(value)
+            elif torch.is_tensor(value):
+                tensors[f"{prefix}.{index}.{key}"] = value
+    return steps, tensors
+
+
+def load_optimizer_state(prefix: str, optimizer: torch.optim.Optimizer, steps: dict[str, float],
+                         tensors: dict[str, torch.Tensor]) -> None:
+    """Inverse of `optimizer_state`."""
+    saved = optimizer.state_dict()
+    restored: dict[int, dict] = {}
+    for key, value in tensors.items():
+        if key.startswith(prefix + "."):
+            index, field = key[len(prefix) + 1:].split(".", 1)
+            restored.setdefault(int(index), {})[field] = value
+    for index in restored:
+        restored[index]["step"] = torch.tensor(steps.get(f"{prefix}.{index}", 0.0))
+    saved["state"] = restored
+    optimizer.load_state_dict(saved)
+
+
+class RngState:
+    """Python, NumPy and torch (CPU and CUDA) RNG states, to leave training randomness untouched."""
+
+    def __init__(self, states):
+        self.states = states
+
+    @classmethod
+    def capture(cls) -> "RngState":
+        import numpy as np
+
+        cuda = torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None
+        return cls((random.getstate(), np.random.get_state(), torch.get_rng_state(), cuda))
+
+    def restore(self) -> None:
+        import numpy as np
+
+        py, np_state, cpu, cuda = self.states
+        random.setstate(py)
+        np.random.set_state(np_state)
+        torch.set_rng_state(cpu)
+        if cuda is not None:
+            torch.cuda.set_rng_state_all(cuda)
+
+
+def last_complete_checkpoint(output_dir: str | Path) -> str | None:
+    """The newest `checkpoint-N` in `output_dir` that holds prunetrain's state (written last, in `on_save`), so a
+    checkpoint cut short by a crash is skipped; None if there is none.
+
+    Args:
+        output_dir: the Trainer's output directory.
+    """
+    candidates = []
+    for path in Path(output_dir).glob("checkpoint-*"):
+        step = path.name.removeprefix("checkpoint-")
+        if step.isdigit() and any(path.glob("prunetrain-*.json")) and (path / "trainer_state.json").is_file():
+            candidates.append((int(step), path))
+    return str(max(candidates)[1]) if candidates else None
+
+
+def restore_layout(model: nn.Module, checkpoint: str | Path) -> HeadLayout:
+    """Shrink a freshly built model to the head layout recorded in a checkpoint's `config.json`.
+
+    Needed before `trainer.train(resume_from_checkpoint=...)` when the run pruned with `mode="shrink"`: the
+    Trainer loads the checkpoint's (smaller) weights before any callback runs, so the model must already have the
+    checkpoint's shape. A checkpoint of an unshrunk model leaves the model as it is.
+
+    Args:
+        model: the freshly built model (or its DDP wrapper).
+        checkpoint: a `checkpoint-N` directory written by the Trainer.
+
+    Returns:
+        The model's head layout afterwards.
+    """
+    config = Path(checkpoint) / "config.json"
+    if not config.is_file():
+        raise ValueError(f"checkpoint: {str(checkpoint)!r} has no config.json; it is not a Trainer checkpoint.")
+    try:
+        return shrink_to_layout(model, json.loads(config.read_text()).get(LAYOUT_CONFIG_KEY) or {})
+    except ValueError as err:
+        raise ValueError(f"checkpoint: {str(checkpoint)!r} does not fit this model ({err}).") from None
+
+
+__all__ = ["RngState", "last_complete_checkpoint", "restore_layout"]

@@ -1,0 +1,70 @@
+"""Serving shape constraints on a selection: whole key/value groups, counts divisible by a tensor-parallel degree,
+the same number of heads in every layer of a kind (issue 15 item 5)."""
+
+import pytest
+import torch
+
+import prunetrain as pt
+from prunetrain.methods.constraints import ServingConstraints, apply_constraints, satisfied
+from prunetrain.methods.importance import HeadScores
+from prunetrain.methods.selection import select_heads
+from prunetrain.zoo import tiny_model
+
+
+def _scores(model, seed=0):
+    layout = pt.find_heads(model)
+    gen = torch.Generator().manual_seed(seed)
+    return HeadScores(layout, {s.name: torch.rand(s.num_heads, generator=gen) for s in layout})
+
+
+@pytest.mark.parametrize("family,overrides", [("marian", {}), ("llama", {"num_hidden_layers": 4}),
+                                              ("llama", {"num_hidden_layers": 3, "num_attention_heads": 8,
+                                                         "num_key_value_heads": 4, "hidden_size": 64})])
+@pytest.mark.parametrize("constraints", [ServingConstraints(same_heads_per_kind=True),
+                                         ServingConstraints(heads_multiple_of=2),
+                                         ServingConstraints(same_heads_per_kind=True, heads_multiple_of=2)])
+def test_select_heads_with_constraints_satisfies_them(family, overrides, constraints):
+    model = tiny_model(family, **overrides)
+    scores = _scores(model)
+    plain = select_heads(scores, 0.4)
+    mask = select_heads(scores, 0.4, constraints=constraints)
+    assert satisfied(mask, constraints) == []
+    assert satisfied(plain, constraints) != []  # the case is not trivially satisfied
+    pt.shrink(model, mask)  # group-aligned: shrink with gqa_rounding="error" accepts it
+    if constraints.same_heads_per_kind:
+        layout = pt.find_heads(model)
+        for kind in layout.kinds:
+            assert len({s.num_heads for s in layout if s.kind == kind}) == 1
+
+
+def test_constraints_keep_the_highest_scoring_heads_and_leave_the_input_alone():
+    model = tiny_model("bert")
+    layout = pt.find_heads(model)
+    scores = HeadScores(layout, {layout.names[0]: torch.tensor([0.9, 0.1, 0.8, 0.7]),
+                                 layout.names[1]: torch.tensor([0.5, 0.6, 0.4, 0.3])})
+    mask = pt.HeadMask.from_heads(model, {layout.names[0]: [1], layout.names[1]: [0, 2, 3]})  # keeps 3 and 1
+    out = apply_constraints(mask, scores, ServingConstraints(same_heads_per_kind=True))
+    # mean of 3 and 1 kept heads: 2 per site; site 0 drops its lowest-scoring kept head (3: 0.7), site 1 gets back
+    # its highest-scoring removed head (0: 0.5)
+    assert sorted(out.kept(layout.names[0])) == [0, 2]
+    assert sorted(out.kept(layout.names[1])) == [0, 1]
+    assert mask.kept(layout.names[0]) == [0, 2, 3]  # input untouched
+
+
+def test_partly_kept_groups_are_rounded_to_whole_groups():
+    model = tiny_model("llama", num_attention_heads=8, num_key_value_heads=2, hidden_size=64)
+    site = pt.find_heads(model).names[0]
+    mask = pt.HeadMask.from_heads(model, {site: [0, 1, 2, 4]})  # group 0 keeps 1 of 4, group 1 keeps 3 of 4
+    out = apply_constraints(mask, None, ServingConstraints())
+    assert out.kept(site) == [4, 5, 6, 7]
+    assert satisfied(out, ServingConstraints()) == [] and satisfied(mask, ServingConstraints()) != []
+
+
+@pytest.mark.parametrize("kwargs, pattern", [
+    ({"heads_multiple_of": 0}, r"heads_multiple_of: 0 is not allowed; expected an integer >= 1"),
+    ({"heads_multiple_of": True}, r"heads_multiple_of: True is not allowed"),
+    ({"same_heads_per_kind": "yes"}, r"same_heads_per_kind: 'yes' is not allowed; expected True or False"),
+])
+def test_bad_constraints_are_one_sentence(kwargs, pattern):
+    with pytest.raises(ValueError, match=pattern):
+        ServingConstraints(**kwargs)
