@@ -83,12 +83,18 @@ def test_mask_mode_prunes_on_schedule_and_logs_to_tensorboard(tmp_path, tiny_mt)
     trainer.train()
     assert callback.mask.num_kept == 12 and callback.mask.attached
     events = json.loads((tmp_path / "prunetrain" / "pruning_events.json").read_text())
-    assert [(e["epoch"], e["heads_before"], e["heads_after"]) for e in events] == [(1, 24, 18), (2, 18, 12)]
+    # 256 pairs in batches of 32: 8 steps per epoch; epoch 1 ends at step 8, epoch 2 at step 16
+    assert [(e["step"], e["epoch"], e["heads_before"], e["heads_after"]) for e in events] == [(8, 1.0, 24, 18),
+                                                                                            (16, 2.0, 18, 12)]
     assert sum(events[1]["per_kind_after"].values()) == 12
-    assert (tmp_path / "prunetrain" / "importance_epoch1.json").is_file()
+    assert (tmp_path / "prunetrain" / "importance_step8_epoch1.00.json").is_file()
     scalars = read_scalars(tmp_path / "prunetrain" / "tensorboard")
-    assert scalars["prunetrain/heads_alive"] == [(1, 18.0), (2, 12.0)]
-    assert scalars["prunetrain/sparsity"][-1] == (2, 0.5)
+    assert scalars["prunetrain/heads_alive"] == [(8, 18.0), (16, 12.0)]
+    assert scalars["prunetrain/sparsity"][-1] == (16, 0.5)
+    stability = json.loads((tmp_path / "prunetrain" / "importance_stability.json").read_text())
+    assert [(s["from_step"], s["to_step"], s["heads_compared"]) for s in stability] == [(8, 16, 18)]
+    assert -1 <= stability[0]["spearman"] <= 1
+    assert [s for s, _ in scalars["prunetrain/importance_spearman_vs_previous"]] == [16]
     assert read_image_tags(tmp_path / "prunetrain" / "tensorboard") == {"prunetrain/importance": 2}
     final = pt.HeadMask.from_json(tmp_path / "prunetrain" / "final_mask.json", model)
     assert final == callback.mask
@@ -143,15 +149,16 @@ def test_curve_callback_leaves_training_bit_identical(tmp_path, tiny_mt):
         assert torch.equal(a, b), name
     assert pt.attached_masks(with_curve.model) == []
     curves = json.loads((tmp_path / "curve" / "prunetrain" / "curves.json").read_text())
-    assert set(curves) == {"1", "2"} and set(curves["2"]) == {"importance", "random_seed3"}
-    points = curves["2"]["importance"]["points"]
+    assert set(curves) == {"8", "16"} and set(curves["16"]["curves"]) == {"importance", "random_seed3"}
+    assert (curves["16"]["step"], curves["16"]["epoch"], curves["16"]["label"]) == (16, 2.0, "step 16 (epoch 2.00)")
+    points = curves["16"]["curves"]["importance"]["points"]
     assert [p["fraction"] for p in points] == [0.0, 0.5] and [p["heads_kept"] for p in points] == [24, 12]
     assert all(0 <= p["value"] <= 100 for p in points)
     assert (tmp_path / "curve" / "prunetrain" / "curves.png").is_file()
     tags = read_image_tags(tmp_path / "curve" / "prunetrain" / "tensorboard")
     assert tags == {"prunetrain/pruning_curves": 2}
     scalars = read_scalars(tmp_path / "curve" / "prunetrain" / "tensorboard")
-    assert [step for step, _ in scalars["prunetrain/curve_bleu/pruned_50pct"]] == [1, 2]
+    assert [step for step, _ in scalars["prunetrain/curve_bleu/pruned_50pct"]] == [8, 16]
 
 
 def test_encoder_classifier_with_trainer(tmp_path, multi30k_dir):
@@ -182,7 +189,10 @@ def test_encoder_classifier_with_trainer(tmp_path, multi30k_dir):
             callbacks=[prune, curve, gates]).train()
     assert prune.mask.num_kept == 4
     curves = json.loads((tmp_path / "prunetrain" / "curves.json").read_text())
-    assert [p["heads_kept"] for p in curves["2"]["importance"]["points"]] == [4, 4, 2]
+    (entry,) = curves.values()
+    assert entry["epoch"] == 2.0 and entry["fractions_of"] == "heads present" and entry["heads_present"] == 4
+    # after prune={2: 0.5} the curve spans the 4 heads still present: 0 %, 50 % (2 left) and 75 % (1 left)
+    assert [p["heads_kept"] for p in entry["curves"]["importance"]["points"]] == [4, 2, 1]
     assert gates.final_mask is not None and len(gates.history) == 2
 
 

@@ -167,7 +167,11 @@ def test_smoke_recipe_runs_end_to_end(smoke_recipe_run):
     loaded = pt.load_pruned(out / "pruned")
     assert pt.find_heads(loaded).total_heads == 12
     curves = json.loads((out / "prunetrain" / "curves.json").read_text())
-    assert len(curves["2"]["importance"]["points"]) == 4
+    (entry,) = curves.values()  # curve_epochs [2]: 1000 pairs in batches of 50, so epoch 2 ends at step 40
+    assert (entry["step"], entry["epoch"], entry["label"]) == (40, 2.0, "step 40 (epoch 2.00)")
+    assert len(entry["curves"]["importance"]["points"]) == 4
+    assert json.loads((out / "prunetrain" / "importance_points.json").read_text())[-1]["step"] == 40
+    assert results["time_cap"]["fired"] is False and results["time_cap"]["planned_steps"] == 40
     assert list((out / "runs").rglob("events.out.tfevents.*")) or list(out.rglob("events.out.tfevents.*"))
 
 
@@ -178,13 +182,15 @@ def test_study_commands_write_json_and_figures(tmp_path, saved_translation_model
     summary = json.loads(result.stdout)
     assert "importance" in summary["curves"]
     assert (tmp_path / "curves" / "pruning_curves.png").is_file()
-    assert (tmp_path / "curves" / "pruning_curves_by_kind.png").is_file()
+    assert (tmp_path / "curves" / "tensorboard").is_dir()  # per-kind curves: `study per-kind` (test_study_cli.py)
     data = json.loads((tmp_path / "curves" / "pruning_curves.json").read_text())
     assert [p["heads_kept"] for p in data["curves"]["importance"]["points"]] == [24, 12]
     cross = cli("study", "cross-dataset", saved_translation_model, "--data-dir", multi30k_dir, "--other-data-dir",
-                multi30k_dir, "--other-split", "test", "--num-batches", "1", "--output", tmp_path / "cross")
+                multi30k_dir, "--other-split", "test", "--sentences", "4", "--output", tmp_path / "cross")
     assert cross.returncode == 0, cross.stderr[-3000:]
-    assert -1 <= json.loads(cross.stdout)["spearman"] <= 1
+    crossed = json.loads(cross.stdout)  # an untrained model: every Δ BLEU may be 0, and then no correlation exists
+    assert crossed["num_heads"] == 24
+    assert all(c is None or -1 <= c <= 1 for c in (crossed["pearson"], crossed["spearman"]))
     assert (tmp_path / "cross" / "cross_dataset.png").is_file()
     assert_user_error(cli("study", "everything", saved_translation_model, "--data-dir", multi30k_dir),
                       r"study: 'everything' is not one of ablate, one-head, cross-dataset, curves")

@@ -401,3 +401,20 @@ def test_cli_export_is_a_real_command(tmp_path):
     assert not (tmp_path / "x").exists()
     run = run_cli("export", "--help")
     assert run.returncode == 0 and "--format" in run.stdout and "--check" in run.stdout
+
+
+def test_isolated_export_does_not_hang_after_the_parent_used_threads():
+    """Regression: the exporter's forked child hung forever (OpenMP's pool does not survive fork) once the parent had
+    run a multi-threaded op — `prunetrain export --format onnx` after any 2-thread forward never returned."""
+    script = (
+        "import torch\n"
+        "from prunetrain.export.onnx import _run_isolated\n"
+        "torch.set_num_threads(2)\n"
+        "a = torch.randn(1500, 1500); (a @ a).sum(); torch.softmax(torch.randn(32, 256, 256), -1)\n"
+        "def work():\n"
+        "    b = torch.randn(1500, 1500); (b @ b).sum(); torch.softmax(torch.randn(32, 256, 256), -1)\n"
+        "print(repr(_run_isolated(work)))\n"
+    )
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip() == "None"

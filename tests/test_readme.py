@@ -77,8 +77,10 @@ def test_the_trainer_example(tmp_path, multi30k_dir):
                  "tok": tok, "dev_pairs": read_parallel(multi30k_dir, "valid", limit=4)}
     exec(compile(block("Seq2SeqTrainer("), "README.md", "exec"), namespace)
     out = tmp_path / "run" / "prunetrain"
-    assert {p.name for p in out.glob("importance_epoch*.json")} >= {f"importance_epoch{e}.json" for e in (1, 2, 5)}
+    # 32 pairs in batches of 16: 2 steps per epoch; files and curves are keyed by global step, labelled with the epoch
+    assert {p.name for p in out.glob("importance_step*.json")} >= {f"importance_step{2 * e}_epoch{e}.00.json"
+                                                                   for e in (1, 2, 5)}
     curves = json.loads((out / "curves.json").read_text())
-    assert sorted(curves, key=int) == ["1", "2", "5", "10"]
+    assert [(c["step"], c["epoch"]) for c in curves.values()] == [(2, 1.0), (4, 2.0), (10, 5.0), (20, 10.0)]
     # the schedule {5: 0.2, 8: 0.4} masked 40 % of the 24 heads by the end
     assert pt.HeadMask.from_json(out / "final_mask.json", model).num_kept == 24 - 10

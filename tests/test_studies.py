@@ -139,9 +139,16 @@ def test_pearson_spearman_and_cross_dataset_of_ablation_deltas(tmp_path, model_a
     b = studies.ablate_each_head(model, other, key="score")
     da, db = [r["delta"] for r in a["heads"]], [r["delta"] for r in b["heads"]]
     assert [h["delta_a"] for h in result["heads"]] == pytest.approx(da, abs=1e-9)
+    count = []
+    reused = studies.cross_dataset(model, [metric, other], key="score", names=("both", "second"), ablation=a,
+                                   after_unit=lambda u, v: count.append(u))
+    assert len(count) == 25 and all(u.startswith("b:") for u in count)  # the first set's values come from `a`
+    assert _without_time(reused) == _without_time({**result, "args": reused["args"]})
     assert [h["delta_b"] for h in result["heads"]] == pytest.approx(db, abs=1e-9)
     assert result["pearson"] == pytest.approx(studies.pearson(da, db)) and -1 <= result["spearman"] <= 1
     assert studies.cross_dataset(model, [metric, metric], key="score")["pearson"] == pytest.approx(1.0)
+    constant = studies.cross_dataset(model, [lambda m: 1.0, metric], key="score")  # every Δ is 0 on the first set
+    assert constant["pearson"] is None and constant["spearman"] is None  # undefined, not NaN in the JSON
     assert (tmp_path / "cross_dataset.png").read_bytes()[:4] == b"\x89PNG"
     assert set(read_scalars(tmp_path / "tensorboard")) == {"cross-dataset/pearson", "cross-dataset/spearman"}
 

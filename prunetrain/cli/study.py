@@ -12,11 +12,25 @@ from pathlib import Path
 from typing import Optional
 
 import typer
+from typer.core import TyperGroup
 
 from prunetrain.cli import (TOKENIZER_HELP, UserError, _check_data_dir, _emit, _fractions, _ints, _model, _positive,
                             _tokenizer, _translation_batches, app)
 
-study_app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
+
+
+class _StudyGroup(TyperGroup):
+    """`prunetrain study NAME`: an unknown NAME is a one-line error naming the studies (like every other bad
+    argument), not click's usage box."""
+
+    def resolve_command(self, ctx, args):
+        name = args[0] if args else ""
+        if name and not name.startswith("-") and self.get_command(ctx, name) is None:
+            raise UserError(f"study: {name!r} is not one of {', '.join(self.list_commands(ctx))}.")
+        return super().resolve_command(ctx, args)
+
+
+study_app = typer.Typer(cls=_StudyGroup, add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
                         help="The studies of Michel et al. (2019) on a saved translation model: ablate (§3.2), "
                              "one-head (§3.3), cross-dataset (§3.4), curves (§4), per-kind (§5), speed (§4.3). "
                              "Each writes JSON, PNG and TensorBoard events into --output and resumes if stopped.")
@@ -60,13 +74,34 @@ def _bleu(model: Path, tokenizer: Optional[Path], data_dir: Path, split: str, se
 
     tok = _tokenizer(model, tokenizer)
     pairs = read_parallel(data_dir, split, limit=sentences)
-    settings = {"data": str(data_dir.resolve()), "split": split, "sentences": len(pairs), "beams": beams}
+    settings = {"model": str(model.resolve()), "data": str(data_dir.resolve()), "split": split,
+                "sentences": len(pairs), "beams": beams}
     return bleu_metric(tok, pairs, batch_size=batch_size, num_beams=beams), settings
 
 
 def _finish(name: str, output: Path, result: dict, drop: tuple[str, ...]) -> None:
     summary = {k: v for k, v in result.items() if k not in drop + ("args", "study")}
     _emit({"study": name, "output": str(output), **summary}, None)
+
+
+def _read_ablation(path: Optional[Path]) -> Optional[dict]:
+    """The ablation.json of `prunetrain study ablate` at `path` (None: none given)."""
+    import json
+
+    if path is None:
+        return None
+    if not path.is_file():
+        raise UserError(f"--ablation: {str(path)!r} is not a file.")
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as err:
+        raise UserError(f"--ablation: {str(path)!r} is not valid JSON ({err.__class__.__name__}).") from err
+    if not isinstance(data, dict) or data.get("study") != "ablate":
+        raise UserError(f"--ablation: {str(path)!r} is not the ablation.json of `prunetrain study ablate`.")
+    return data
+
+
+ABLATION_HELP = "ablation.json of `study ablate` on this model"
 
 
 @study_app.command("ablate")
@@ -90,29 +125,18 @@ def ablate(model: Path = MODEL, data_dir: Path = DATA_DIR, split: str = SPLIT, s
 @study_app.command("one-head")
 def one_head(model: Path = MODEL, data_dir: Path = DATA_DIR, split: str = SPLIT, sentences: int = SENTENCES,
              beams: int = BEAMS, batch_size: int = BATCH_SIZE, threshold: float = THRESHOLD,
-             ablation: Optional[Path] = typer.Option(None, help="ablation.json of `study ablate` on this model: the "
-                                                                "best head of each layer is taken from it (one "
-                                                                "decode per layer) instead of trying each head."),
+             ablation: Optional[Path] = typer.Option(None, help=ABLATION_HELP + ": the best head of each layer "
+                                                                "is taken from it (one decode per layer) instead "
+                                                                "of trying each head."),
              tokenizer: Optional[Path] = TOKENIZER, output: Optional[Path] = OUTPUT):
     """§3.3 Table 2: per layer and kind, BLEU when only the best head of that layer is kept (the others full).
     Writes one_head_per_layer.json, .md and .png."""
-    import json
-
     from prunetrain.methods.studies import keep_one_head_per_layer
 
     _positive(sentences=sentences, beams=beams, batch_size=batch_size)
     _threshold(threshold)
     _check_data_dir(data_dir)
-    previous = None
-    if ablation is not None:
-        if not ablation.is_file():
-            raise UserError(f"--ablation: {str(ablation)!r} is not a file.")
-        try:
-            previous = json.loads(ablation.read_text(encoding="utf-8"))
-        except (UnicodeDecodeError, json.JSONDecodeError) as err:
-            raise UserError(f"--ablation: {str(ablation)!r} is not valid JSON ({err.__class__.__name__}).") from err
-        if not isinstance(previous, dict) or previous.get("study") != "ablate":
-            raise UserError(f"--ablation: {str(ablation)!r} is not the ablation.json of `prunetrain study ablate`.")
+    previous = _read_ablation(ablation)
     out = _output(output, "one-head")
     net = _model(model)
     metric, settings = _bleu(model, tokenizer, data_dir, split, sentences, beams, batch_size)
@@ -132,6 +156,9 @@ def cross_dataset(model: Path = MODEL, data_dir: Path = DATA_DIR, split: str = S
                                                                 "directory, e.g. ../shared/data/wmt_newstest."),
                   other_split: str = typer.Option("test", help="The second dataset's split, e.g. newstest2014."),
                   sentences: int = SENTENCES, beams: int = BEAMS, batch_size: int = BATCH_SIZE,
+                  ablation: Optional[Path] = typer.Option(None, help=ABLATION_HELP + " with the same --data-dir, "
+                                                                     "--split, --sentences and --beams: the first "
+                                                                     "dataset's effects are taken from it."),
                   tokenizer: Optional[Path] = TOKENIZER, output: Optional[Path] = OUTPUT):
     """§3.4 Fig. 2: the BLEU change of ablating each head on two datasets, their Pearson and Spearman correlation
     and a scatter plot. Writes cross_dataset.json and cross_dataset.png."""
@@ -140,12 +167,25 @@ def cross_dataset(model: Path = MODEL, data_dir: Path = DATA_DIR, split: str = S
     _positive(sentences=sentences, beams=beams, batch_size=batch_size)
     _check_data_dir(data_dir)
     _check_data_dir(other_data_dir, "--other-data-dir")
+    previous = _read_ablation(ablation)
     out = _output(output, "cross-dataset")
     net = _model(model)
     first, settings_a = _bleu(model, tokenizer, data_dir, split, sentences, beams, batch_size)
+    if previous is not None:
+        saved = previous.get("args", {})
+        differ = [k for k in settings_a if saved.get(k) != settings_a[k]]
+        if differ:
+            raise UserError(f"--ablation: {str(ablation)!r} was made with other settings: " + ", ".join(
+                f"{k} {saved.get(k)!r} (here {settings_a[k]!r})" for k in differ) + ".")
     second, settings_b = _bleu(model, tokenizer, other_data_dir, other_split, sentences, beams, batch_size)
     names = (f"{data_dir.name}/{split}", f"{other_data_dir.name}/{other_split}")
-    result = run(net, [first, second], key="bleu", names=names, out_dir=out, args={"a": settings_a, "b": settings_b})
+    try:
+        result = run(net, [first, second], key="bleu", names=names, ablation=previous, out_dir=out,
+                     args={"a": settings_a, "b": settings_b})
+    except ValueError as err:
+        if str(err).startswith("ablation:"):
+            raise UserError("--ablation: " + str(err).removeprefix("ablation: ")) from err
+        raise
     _finish("cross-dataset", out, result, ("heads",))
 
 
@@ -232,6 +272,7 @@ def speed(model: Path = MODEL, data_dir: Path = DATA_DIR, num_batches: int = NUM
     batches = _importance_batches(model, tokenizer, data_dir, num_batches, net)
     result = speed_study(net, batches, fractions=grid, batch_sizes=sizes, seq_lens=lens, generate=modes or None,
                          repeats=repeats, warmup=warmup, threads=threads, out_dir=out,
-                         args={"data": str(data_dir.resolve()), "num_batches": num_batches}, after_unit=None)
+                         args={"model": str(model.resolve()), "data": str(data_dir.resolve()),
+                               "num_batches": num_batches})
     _emit({"study": "speed", "output": str(out), "paper": result["paper"], "table": result["table"]}, None)
     typer.echo((out / "speed.md").read_text(), err=True)

@@ -314,7 +314,8 @@ def greedy_generate(directory: str | Path, input_ids: torch.Tensor, attention_ma
 def _run_isolated(fn) -> str | None:
     """Run `fn()` in a forked child (POSIX) and return None, or the first line of its error. The TorchScript
     exporter can crash the whole process (e.g. SIGFPE on a zero-width reshape of a head-less site); in a child such
-    a crash becomes an error message. Without `os.fork`, `fn` runs here."""
+    a crash becomes an error message. The child runs torch with one thread (OpenMP cannot be used across fork).
+    Without `os.fork`, `fn` runs here."""
     import os
 
     def first_line(err: BaseException) -> str:
@@ -330,6 +331,10 @@ def _run_isolated(fn) -> str | None:
     pid = os.fork()
     if pid == 0:  # child: export, report, exit without running the parent's cleanup
         os.close(read)
+        # OpenMP's thread pool does not survive fork: a parallel region in the child would wait forever for the
+        # parent's worker threads (seen: the exporter hung after the parent had run a 2-thread forward). One thread
+        # keeps every region on this thread.
+        torch.set_num_threads(1)
         quiet = os.open(os.devnull, os.O_WRONLY)  # the exporter prints whole graphs with its errors
         os.dup2(quiet, 1)
         os.dup2(quiet, 2)

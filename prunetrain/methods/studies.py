@@ -36,7 +36,7 @@ from torch import nn
 
 from prunetrain.engine.heads import find_heads
 from prunetrain.engine.mask import HeadMask
-from prunetrain.methods.curve import Curve, check_fractions, metric_value, pruning_curve
+from prunetrain.methods.curve import check_fractions, metric_value, pruning_curve
 from prunetrain.utils.plots import TensorBoardLog, curves_figure, pyplot
 from prunetrain.utils.progress import bar
 from prunetrain.utils.validate import check_positive_float
@@ -247,6 +247,23 @@ def ablate_each_head(model: nn.Module, metric: Metric, *, key: str = "value", hi
 # -------------------------------------------------------------------------------------------------------------------
 # §3.3: all heads but one
 # -------------------------------------------------------------------------------------------------------------------
+def _ablation_units(ablation: Mapping, layout, prefix: str) -> dict[str, float]:
+    """The units of `_ablation_rows` (`<prefix>base`, `<prefix><site>/<head>`) from an `ablate_each_head` result."""
+    rows = ablation.get("heads") if isinstance(ablation, Mapping) else None
+    if not isinstance(rows, list) or not isinstance(ablation.get("base"), (int, float)):
+        raise ValueError("ablation: not an ablate_each_head result (no 'base' and 'heads').")
+    have = {(r.get("site"), r.get("head")): r.get("value") for r in rows if isinstance(r, Mapping)}
+    units = {f"{prefix}base": float(ablation["base"])}
+    for site in layout:
+        for head in range(site.num_heads):
+            value = have.get((site.name, head))
+            if not isinstance(value, (int, float)):
+                raise ValueError(f"ablation: holds no value for head {head} of site {site.name!r}; it was computed "
+                                 f"for another model layout.")
+            units[f"{prefix}{site.name}/{head}"] = float(value)
+    return units
+
+
 def _best_from_ablation(ablation: Mapping, layout, higher_is_better: bool) -> dict[str, int]:
     """Per site, the head whose removal alone hurts most (the most important one)."""
     rows = ablation.get("heads") if isinstance(ablation, Mapping) else None
@@ -326,7 +343,8 @@ def keep_one_head_per_layer(model: nn.Module, metric: Metric, *, key: str = "val
                              "seconds": time.perf_counter() - start})
     out = _Outputs(out_dir, "one-head")
     if out.out is not None:
-        lines = [f"| site | kind | layer | kept head | {key} | Δ | within {threshold:g} |", "|---|---|---|---|---|---|---|"]
+        lines = [f"| site | kind | layer | kept head | {key} | Δ | within {threshold:g} |",
+                 "|---|---|---|---|---|---|---|"]
         lines += [f"| {r['site']} | {r['kind']} | {r['layer']} | {r['kept_head']} | {r['value']:.2f} | "
                   f"{r['delta']:+.2f} | {'yes' if r['survives'] else 'no'} |" for r in rows]
         (out.out / "one_head_per_layer.md").write_text(f"Base {key}: {base:.2f}\n\n" + "\n".join(lines) + "\n")
@@ -388,11 +406,16 @@ def spearman(a: Sequence[float], b: Sequence[float]) -> float:
     return pearson(ranks(list(a)), ranks(list(b)))
 
 
+def _num(x: float | None) -> str:
+    return "undefined (a constant series)" if x is None else f"{x:.2f}"
+
+
 def cross_dataset(model: nn.Module, metrics: Sequence[Metric], *, key: str = "value",
-                  names: Sequence[str] = ("dataset A", "dataset B"), out_dir: str | Path | None = None,
-                  args: Mapping | None = None, after_unit: AfterUnit | None = None) -> dict:
+                  names: Sequence[str] = ("dataset A", "dataset B"), ablation: Mapping | None = None,
+                  out_dir: str | Path | None = None, args: Mapping | None = None,
+                  after_unit: AfterUnit | None = None) -> dict:
     """Michel §3.4 / Fig. 2: the ablation Δ of every head (as in `ablate_each_head`) on two datasets, and how well
-    they agree: Pearson's r of the Δs and Spearman's ρ of their ranks. Writes `cross_dataset.json`,
+    they agree: Pearson's r of the Δs and Spearman's ρ of their ranks (None when one series is constant). Writes `cross_dataset.json`,
     `cross_dataset.png` (scatter, one point per head) and a TensorBoard entry.
 
     Args:
@@ -400,17 +423,23 @@ def cross_dataset(model: nn.Module, metrics: Sequence[Metric], *, key: str = "va
         metrics: two metrics, one per dataset.
         key: the entry of dict-valued metrics.
         names: the datasets' names.
+        ablation: an `ablate_each_head` result of the same model with the first metric: its values are used instead
+            of evaluating them again (that it was made with the same metric is the caller's to check).
         out_dir: where the files go (None: nothing written, no resume).
         args: the caller's settings that determine the metrics; saved and compared on resume.
         after_unit: called as `after_unit(unit, value)` after each unit is saved.
     """
     if len(metrics) != 2 or len(names) != 2:
         raise ValueError(f"metrics: need exactly two metrics and two names, got {len(metrics)} and {len(names)}.")
+    reused = _ablation_units(ablation, find_heads(model), "a:") if ablation is not None else {}
     journal = Journal(out_dir, "cross_dataset", {"study": "cross-dataset", "key": key, "datasets": list(names),
                                                  "layout": _layout_args(model), **dict(args or {})})
     if journal.finished is not None:
         return journal.finished
     start = time.perf_counter()
+    for unit, value in reused.items():
+        if not journal.done(unit):
+            journal.record(unit, value)
     was_training = _eval_mode(model)
     try:
         base_a, rows_a = _ablation_rows(model, metrics[0], key, journal, "a:", f"ablate on {names[0]}", after_unit)
@@ -420,7 +449,7 @@ def cross_dataset(model: nn.Module, metrics: Sequence[Metric], *, key: str = "va
     a, b = [r["delta"] for r in rows_a], [r["delta"] for r in rows_b]
     heads = [{"site": ra["site"], "kind": ra["kind"], "layer": ra["layer"], "head": ra["head"],
               "delta_a": ra["delta"], "delta_b": rb["delta"]} for ra, rb in zip(rows_a, rows_b)]
-    r, rho = pearson(a, b), spearman(a, b)
+    r, rho = (None if math.isnan(x) else x for x in (pearson(a, b), spearman(a, b)))  # NaN: a constant series
     result = journal.finish({"study": "cross-dataset", "metric": key, "datasets": list(names),
                              "base": [base_a, base_b], "pearson": r, "spearman": rho, "num_heads": len(heads),
                              "heads": heads, "seconds": time.perf_counter() - start})
@@ -436,7 +465,8 @@ def cross_dataset(model: nn.Module, metrics: Sequence[Metric], *, key: str = "va
     ax.axvline(0, color="k", lw=0.5)
     ax.set_xlabel(f"{key} change, {names[0]}")
     ax.set_ylabel(f"{key} change, {names[1]}")
-    ax.set_title(f"ablating each head on two datasets\nPearson r = {r:.2f}, Spearman ρ = {rho:.2f}", fontsize=9)
+    ax.set_title(f"ablating each head on two datasets\nPearson r = {_num(r)}, Spearman ρ = {_num(rho)}",
+                 fontsize=9)
     ax.legend(fontsize=7)
     fig.tight_layout()
     out.figure(fig, "cross_dataset.png")
@@ -593,7 +623,8 @@ def per_kind_curves(model: nn.Module, metric: Metric, batches: Iterable, *, key:
                     args: Mapping | None = None, after_unit: AfterUnit | None = None) -> dict:
     """Michel §5 / Fig. 4: pruning only one attention kind at a time (e.g. encoder self, decoder self, cross), the
     fraction counting that kind's heads, in importance order (one-shot importance of the full model); which kind is
-    most sensitive is read from `within_threshold` per kind. Writes `per_kind_curves.json`, `.png`, TensorBoard.
+    most sensitive (`most_sensitive`) is the one leaving the threshold first (ties: the worst mean
+    metric over the fractions). Writes `per_kind_curves.json`, `.png`, TensorBoard.
 
     Args:
         model: the model (with more than one attention kind).
@@ -626,8 +657,11 @@ def per_kind_curves(model: nn.Module, metric: Metric, batches: Iterable, *, key:
     summary = {"base": base, "threshold": threshold,
                "within_threshold": {k: within(fractions, [p["value"] for p in c["points"]], base, threshold,
                                               higher_is_better) for k, c in curves.items()}}
-    ranked = sorted(summary["within_threshold"], key=lambda k: summary["within_threshold"][k])
-    summary["most_sensitive"] = ranked[0]
+    sign = 1 if higher_is_better else -1
+    mean = {k: sum(p["value"] for p in c["points"]) / len(c["points"]) for k, c in curves.items()}
+    summary["mean_value"] = mean
+    # the first kind to leave the threshold; among equals, the one with the worst mean metric over the fractions
+    summary["most_sensitive"] = min(curves, key=lambda k: (summary["within_threshold"][k], sign * mean[k]))
     result = journal.finish({"study": "per-kind", "metric": key, "curves": curves, "summary": summary,
                              "seconds": time.perf_counter() - start})
     out = _Outputs(out_dir, "per-kind")

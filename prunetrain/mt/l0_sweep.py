@@ -328,15 +328,12 @@ def source_curve(source: Path) -> list:
     path = source / "prunetrain" / "curves.json"
     if not path.is_file():
         return []
-    state = _newest_trainer_state(source)
-    per_epoch = state["max_steps"] // state["num_train_epochs"] if state and state.get("num_train_epochs") else None
     out = []
-    for epoch, curves in sorted(json.loads(path.read_text()).items(), key=lambda item: int(item[0])):
-        points = curves.get("importance", {}).get("points", [])
+    for _, entry in sorted(json.loads(path.read_text()).items(), key=lambda item: int(item[0])):
+        points = entry.get("curves", {}).get("importance", {}).get("points", [])  # keyed by global step
         full = next((p for p in points if p["fraction"] == 0.0), None)
         if full is not None:
-            step = min(int(epoch) * per_epoch, int(state["global_step"])) if per_epoch else None  # a cut-short run
-            out.append({"epoch": int(epoch), "step": step,
+            out.append({"epoch": entry["epoch"], "step": entry["step"],
                         "bleu": full["value"], "num_sentences": full["details"].get("num_sentences")})
     return out
 
@@ -477,7 +474,7 @@ def results_markdown(result: dict) -> str:
                           f"{scratch['bleu_from_trained']:.2f} when pruned from the trained model."]
             if scratch.get("source_curve"):
                 lines += ["", "The source model itself (all heads) at its curve epochs, same validation sentences and "
-                              "greedy decoding: " + ", ".join(f"epoch {c['epoch']} (step {c['step']}) {c['bleu']:.2f}"
+                              "greedy decoding: " + ", ".join(f"epoch {c['epoch']:.2f} (step {c['step']}) {c['bleu']:.2f}"
                                                               for c in scratch["source_curve"]) + "."]
         lines += ["", "![Fig. 9](fig9_heads_per_kind.png)", "", "![Fig. 10](fig10_decoder_layers.png)", ""]
     if result["budget_comparison"]:

@@ -19,6 +19,7 @@ from typing import Any
 
 import yaml
 
+from prunetrain.training.points import check_epoch_points, check_step_points
 from prunetrain.utils.validate import check_choice, check_fraction, check_int, check_positive_float
 
 RECIPES_DIR = Path(__file__).resolve().parent / "recipes"  # shipped as package data
@@ -116,13 +117,14 @@ class TrainConfig:
     max_grad_norm: float = 1.0
     precision: str = "auto"  # auto | bf16 | fp32; auto = bf16 autocast only where it is fast (prunetrain.utils.device)
     seed: int = 0
-    max_minutes: float = 0.0  # stop training gracefully after this long (0: no limit)
+    max_steps: int = 0  # > 0: the run is this many optimizer steps (it overrides epochs); 0: epochs × steps/epoch
+    max_minutes: float = 0.0  # a guard only: stop gracefully after this long (0: no cap); reported when it fires
     logging_steps: int = 50
     save_total_limit: int = 2
 
     def __post_init__(self):
         for key, minimum in (("epochs", 1), ("batch_size", 1), ("warmup_steps", 0), ("seed", 0),
-                             ("logging_steps", 1), ("save_total_limit", 1)):
+                             ("logging_steps", 1), ("save_total_limit", 1), ("max_steps", 0)):
             check_int(f"train.{key}", getattr(self, key), minimum)
         _check_number("train.learning_rate", self.learning_rate, 0.0, low_open=True)
         _check_number("train.weight_decay", self.weight_decay, 0.0)
@@ -135,31 +137,41 @@ class TrainConfig:
 
 @dataclass
 class PruningConfig:
-    importance_epochs: list[int] = field(default_factory=lambda: [1, 2, 4, 8, 12])  # record importance
-    curve_epochs: list[int] = field(default_factory=lambda: [1, 2, 4, 8, 12])  # pruned-BLEU curves (Michel §6)
+    importance_epochs: list[float] = field(default_factory=lambda: [1, 2, 4, 8, 12])  # record importance (epochs,
+    # fractional allowed: 0.5 is the middle of the first epoch)
+    importance_steps: list[int] = field(default_factory=list)  # more importance points, as global steps
+    curve_epochs: list[float] = field(default_factory=lambda: [1, 2, 4, 8, 12])  # pruned-BLEU curves (Michel §6)
+    curve_steps: list[int] = field(default_factory=list)  # more curve points, as global steps
+    curve_relative: bool = True  # curve fractions of the heads still present (else of the original heads)
     curve_fractions: list[float] = field(default_factory=lambda: [0.0, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8])
     curve_sentences: int = 500  # first N validation sentences for the curves
     curve_random_baseline: bool = False  # also curves in random order
     importance_batches: int = 8  # fixed training batches for importance
     importance_batch_size: int = 64
-    schedule: dict[int, float] = field(default_factory=dict)  # prune during training: {epoch: cumulative fraction}
+    schedule: dict[float, float] = field(default_factory=dict)  # prune during training: {epoch: cumulative
+    # fraction}; epochs may be fractional ({0.5: 0.25, 1.5: 0.5})
+    schedule_steps: dict[int, float] = field(default_factory=dict)  # the same, keyed by global step
     mode: str = "mask"  # during-training pruning: mask | shrink
     final_fraction: float = 0.5  # pruned by importance after training, then shrunk
     scope: str = "global"  # global | layer | kind
     min_heads_per_layer: int = 1
 
     def __post_init__(self):
-        _check_counts("pruning.importance_epochs", self.importance_epochs)
-        _check_counts("pruning.curve_epochs", self.curve_epochs)
+        check_epoch_points("pruning.importance_epochs", self.importance_epochs)
+        check_step_points("pruning.importance_steps", self.importance_steps)
+        check_epoch_points("pruning.curve_epochs", self.curve_epochs)
+        check_step_points("pruning.curve_steps", self.curve_steps)
         _check_fractions("pruning.curve_fractions", self.curve_fractions)
         for key in ("curve_sentences", "importance_batches", "importance_batch_size"):
             check_int(f"pruning.{key}", getattr(self, key), 1)
-        _check_counts("pruning.schedule", self.schedule)  # keys: epochs
-        _check_fractions("pruning.schedule", self.schedule.values())
-        amounts = [self.schedule[epoch] for epoch in sorted(self.schedule)]
-        if any(later < earlier for earlier, later in zip(amounts, amounts[1:])):
-            raise ValueError(f"pruning.schedule: {self.schedule!r} is not allowed; fractions are cumulative, so they "
-                             f"must not decrease from one epoch to the next.")
+        for key, unit in (("schedule", "epoch"), ("schedule_steps", "step")):
+            table = getattr(self, key)
+            (check_epoch_points if unit == "epoch" else check_step_points)(f"pruning.{key} ({unit}s)", list(table))
+            _check_fractions(f"pruning.{key}", table.values())
+            amounts = [table[point] for point in sorted(table)]
+            if any(later < earlier for earlier, later in zip(amounts, amounts[1:])):
+                raise ValueError(f"pruning.{key}: {table!r} is not allowed; fractions are cumulative, so they must "
+                                 f"not decrease from one {unit} to the next.")
         check_choice("pruning.mode", self.mode, MODES)
         check_fraction("pruning.final_fraction", self.final_fraction)
         check_choice("pruning.scope", self.scope, SCOPES)
@@ -200,13 +212,18 @@ class Recipe:
         if p.min_heads_per_layer > m.heads:
             raise ValueError(f"pruning.min_heads_per_layer: {p.min_heads_per_layer} is more than model.heads="
                              f"{m.heads}.")
-        late = sorted(e for e in p.schedule if e > self.train.epochs)
+        late = sorted(e for e in p.schedule if e > self.train.epochs) if not self.train.max_steps else []
+        late_steps = sorted(s for s in p.schedule_steps if self.train.max_steps and s > self.train.max_steps)
+        if late_steps:
+            raise ValueError(f"pruning.schedule_steps: step {late_steps[0]} is after the last training step "
+                             f"(train.max_steps={self.train.max_steps}); that pruning step would never happen.")
         if late:
-            raise ValueError(f"pruning.schedule: epoch {late[0]} is after the last training epoch "
+            raise ValueError(f"pruning.schedule: epoch {late[0]:g} is after the last training epoch "
                              f"(train.epochs={self.train.epochs}); that pruning step would never happen.")
         self._check_reachable("pruning.final_fraction", [p.final_fraction])
         self._check_reachable("pruning.curve_fractions", p.curve_fractions)
         self._check_reachable("pruning.schedule", list(p.schedule.values()))
+        self._check_reachable("pruning.schedule_steps", list(p.schedule_steps.values()))
 
     def _check_reachable(self, key: str, fractions) -> None:
         """Every site keeps `min_heads_per_layer` heads, so a fraction of a group of sites (all sites for scope

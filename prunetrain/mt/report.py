@@ -10,17 +10,20 @@ from prunetrain.methods.importance import HeadScores
 from prunetrain.utils.plots import heatmap_figure, save_figure
 
 
-def _importance_figures(run: Path) -> list[tuple[int, str]]:
+def _importance_figures(run: Path) -> list[tuple[str, str]]:
+    """(label, figure) per importance point, in step order (from `importance_points.json`)."""
+    index = run / "prunetrain" / "importance_points.json"
+    if not index.is_file():
+        return []
     out = []
-    for path in sorted((run / "prunetrain").glob("importance_epoch*.json"),
-                       key=lambda p: int(p.stem.removeprefix("importance_epoch"))):
-        epoch = int(path.stem.removeprefix("importance_epoch"))
-        scores = HeadScores.from_json(path)
-        figure = run / "figures" / f"importance_epoch{epoch}.png"
+    for point in json.loads(index.read_text()):
+        scores = HeadScores.from_json(run / "prunetrain" / point["file"])
+        figure = run / "figures" / Path(point["file"]).with_suffix(".png").name
         labels = [f"{s.kind}:{s.layer}" for s in scores.layout]
-        save_figure(heatmap_figure(scores.as_matrix(), labels, f"head importance (layer-normalised), epoch {epoch}",
-                                   colorbar_label="importance"), figure)
-        out.append((epoch, str(figure.relative_to(run))))
+        save_figure(heatmap_figure(scores.as_matrix(), labels, f"head importance (layer-normalised), "
+                                   f"{point['label']}", colorbar_label="importance"), figure)
+        kind = " — end of training, part-way through an epoch" if point.get("kind") == "end" else ""
+        out.append((point["label"] + kind, str(figure.relative_to(run))))
     return out
 
 
@@ -29,20 +32,65 @@ def _curve_table(run: Path) -> list[str]:
     if not path.is_file():
         return ["(no curves were computed)"]
     curves = json.loads(path.read_text())
-    fractions = None
-    lines = []
-    for epoch, by_order in sorted(curves.items(), key=lambda kv: int(kv[0])):
-        for order, curve in by_order.items():
+    fractions = sorted({p["fraction"] for e in curves.values() for c in e["curves"].values() for p in c["points"]}
+                       | {f for e in curves.values() for f in e.get("skipped_fractions", [])})
+    lines = ["| step | epoch | heads present | order | " + " | ".join(f"{round(100 * f)}%" for f in fractions) +
+             " | s/point |", "|---|---|---|---|" + "---|" * (len(fractions) + 1)]
+    for _, entry in sorted(curves.items(), key=lambda kv: int(kv[0])):
+        for order, curve in entry["curves"].items():
             points = curve["points"]
-            if fractions is None:
-                fractions = [p["fraction"] for p in points]
-                lines.append("| epoch | order | " + " | ".join(f"{round(100 * f)}%" for f in fractions) +
-                             " | s/point |")
-                lines.append("|---|---|" + "---|" * (len(fractions) + 1))
+            by_fraction = {p["fraction"]: p for p in points}
             seconds = sum(p["seconds"] for p in points) / max(1, len(points))
-            lines.append(f"| {epoch} | {order} | " + " | ".join(f"{p['value']:.1f}" for p in points) +
-                         f" | {seconds:.1f} |")
+            cells = [f"{by_fraction[f]['value']:.1f}" if f in by_fraction else "out of reach" for f in fractions]
+            end = " (end)" if entry.get("kind") == "end" else ""
+            lines.append(f"| {entry['step']}{end} | {entry['epoch']:.2f} | {entry.get('heads_present', '')} | {order} | "
+                         + " | ".join(cells) + f" | {seconds:.1f} |")
+    if len(lines) > 2:
+        lines += ["", "Fractions are of the heads still present at each point (earlier training-time pruning "
+                  "excluded)." if any(e.get("fractions_of") == "heads present" for e in curves.values()) else
+                  "Fractions are of the original heads."]
+    return lines if len(lines) > 2 else ["(no curves were computed)"]
+
+
+def _points_lines(results: dict) -> list[str]:
+    """Planned points, the ones not reached, the time cap, and importance stability between points."""
+    lines = []
+    cap = results.get("time_cap") or {}
+    if cap.get("fired"):
+        lines.append(f"**The time cap ({cap['max_minutes']:g} min) fired** at step {cap['stopped_at_step']} (epoch "
+                     f"{cap['stopped_at_epoch']:.2f}) of {cap['planned_steps']} planned: this run is shorter than its "
+                     f"definition and depends on the machine.")
+    elif cap:
+        lines.append(f"The run is defined by its {cap.get('planned_steps')} steps; the time cap "
+                     f"({cap.get('max_minutes', 0):g} min, 0 = none) did not fire.")
+    points = results.get("points") or {}
+    for key, values in (points.get("beyond_train_epochs") or {}).items():
+        lines.append(f"Not reached: pruning.{key} {values} lie beyond train.epochs.")
+    for name, plan in points.items():
+        if name == "beyond_train_epochs":
+            continue
+        unreached = plan.get("unreached") or []
+        if unreached:
+            lines.append(f"Not reached ({name}): " + ", ".join(f"{p['given']} (step {p['step']})" for p in unreached)
+                         + f"; training ended at step {plan.get('last_step')}.")
+        if plan.get("time_cap_expected_unreachable"):
+            lines.append(f"Expected out of reach under the time cap ({name}, listed while training ran): " +
+                         ", ".join(p["given"] for p in plan["time_cap_expected_unreachable"]) + ".")
     return lines
+
+
+def _stability_table(run: Path) -> list[str]:
+    path = run / "prunetrain" / "importance_stability.json"
+    if not path.is_file():
+        return []
+    rows = json.loads(path.read_text())
+    lines = ["## When do the important heads settle? (Spearman ρ of importance between consecutive points)", "",
+             "| from | to | heads compared | Spearman ρ |", "|---|---|---|---|"]
+    for r in rows:
+        rho = "n/a" if r["spearman"] is None else f"{r['spearman']:.3f}"
+        lines.append(f"| step {r['from_step']} (epoch {r['from_epoch']:.2f}) | step {r['to_step']} (epoch "
+                     f"{r['to_epoch']:.2f}) | {r['heads_compared']} | {rho} |")
+    return lines + [""]
 
 
 def write_report(run: str | Path, results: dict) -> Path:
@@ -78,20 +126,23 @@ def write_report(run: str | Path, results: dict) -> Path:
         + (f" (stopped by the time limit at epoch {results['stopped_early_at_epoch']:.2f})"
            if results.get("stopped_early_at_epoch") else "") + ".",
         "",
-        "## Pruned-BLEU curves per epoch (validation subset, greedy; Michel et al. 2019 §6)",
+        *_points_lines(results),
+        "",
+        "## Pruned-BLEU curves per point (validation subset, greedy; Michel et al. 2019 §6)",
         "",
         *_curve_table(run),
         "",
         "![curves](prunetrain/curves.png)" if (run / "prunetrain" / "curves.png").is_file() else "",
         "",
-        "## Head importance per epoch",
+        *_stability_table(run),
+        "## Head importance per point",
         "",
     ]
-    for epoch, figure in _importance_figures(run):
-        lines += [f"Epoch {epoch}:", "", f"![importance epoch {epoch}]({figure})", ""]
+    for text, figure in _importance_figures(run):
+        lines += [f"{text}:", "", f"![importance {text}]({figure})", ""]
     bench = results.get("bench")
     if bench:
-        lines += ["## Speed: original vs shrunk", "", "```", _bench_table(bench), "```", ""]
+        lines += ["## Speed: original vs shrunk", "", _bench_table(bench), ""]  # a Markdown table, rendered as one
     lines += ["TensorBoard: `tensorboard --logdir " + str(run) + "`", ""]
     path = run / "report.md"
     path.write_text("\n".join(lines))

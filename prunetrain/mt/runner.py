@@ -21,7 +21,8 @@ import torch
 
 from prunetrain.mt.recipe import Recipe
 from prunetrain.mt.run_dir import mark_complete, prepare_output_dir
-from prunetrain.mt.training_setup import TimeLimitCallback, training_args
+from prunetrain.mt.training_setup import training_args
+from prunetrain.training.time_cap import TimeCapCallback
 
 
 def load_pairs(recipe, data_dir: str | None):
@@ -102,27 +103,42 @@ def build_model(recipe: Recipe, tokenizer):
                                        heads=m.heads, dropout=m.dropout, attn_implementation=m.attn_implementation))
 
 
-def make_callbacks(recipe: Recipe, inputs: RunInputs) -> tuple[list, TimeLimitCallback]:
-    """Importance (and scheduled pruning), pruned-BLEU curves at the curve epochs, and the time limit."""
+def beyond_epochs(recipe: Recipe) -> dict[str, list[float]]:
+    """Epoch points a run of `train.epochs` epochs cannot reach (none when `train.max_steps` defines the run: the
+    callbacks then list what lies beyond the last step when training starts)."""
+    p, t = recipe.pruning, recipe.train
+    if t.max_steps:
+        return {}
+    out = {"importance_epochs": [e for e in p.importance_epochs if e > t.epochs],
+           "curve_epochs": [e for e in p.curve_epochs if e > t.epochs]}
+    return {k: v for k, v in out.items() if v}
+
+
+def make_callbacks(recipe: Recipe, inputs: RunInputs) -> tuple[list, TimeCapCallback]:
+    """Importance (and scheduled pruning) and pruned-BLEU curves at their points, and the time cap (a guard)."""
     from prunetrain.mt.metrics import bleu_metric
     from prunetrain.training.callbacks import HeadPruningCallback, PruningCurveCallback
 
     p, t = recipe.pruning, recipe.train
-    epochs = [e for e in p.importance_epochs if e <= t.epochs]  # a shortened run records what it reaches
-    curve_epochs = [e for e in p.curve_epochs if e <= t.epochs]
-    callbacks = [HeadPruningCallback(at_epochs=epochs or [t.epochs], prune=p.schedule or None, mode=p.mode,
-                                     scope=p.scope, min_heads_per_layer=p.min_heads_per_layer,
-                                     batches=inputs.importance_batches)]
-    if curve_epochs:
+    late = beyond_epochs(recipe)  # listed by run_recipe, never silently dropped
+    epochs = [e for e in p.importance_epochs if e not in late.get("importance_epochs", [])]
+    curve_epochs = [e for e in p.curve_epochs if e not in late.get("curve_epochs", [])]
+    if not epochs and not p.importance_steps and not t.max_steps:
+        epochs = [float(t.epochs)]
+    pruning = HeadPruningCallback(at_epochs=epochs, at_steps=p.importance_steps, prune=p.schedule or None,
+                                  prune_steps=p.schedule_steps or None, mode=p.mode, scope=p.scope,
+                                  min_heads_per_layer=p.min_heads_per_layer, batches=inputs.importance_batches)
+    callbacks = [pruning]
+    if curve_epochs or p.curve_steps:
         metric = bleu_metric(inputs.tokenizer, inputs.curve_pairs, batch_size=recipe.eval.curve_batch_size,
                              autocast_bf16=inputs.bf16)
         callbacks.append(PruningCurveCallback(
-            at_epochs=curve_epochs, metric=metric, metric_key="bleu", fractions=p.curve_fractions,
-            importance_batches=inputs.importance_batches,
+            at_epochs=curve_epochs, at_steps=p.curve_steps, metric=metric, metric_key="bleu",
+            fractions=p.curve_fractions, relative=p.curve_relative, importance_batches=inputs.importance_batches,
             order="both" if p.curve_random_baseline else "importance", scope=p.scope,
             min_heads_per_layer=p.min_heads_per_layer))
-    time_limit = TimeLimitCallback(t.max_minutes)
-    return callbacks + [time_limit], time_limit
+    time_cap = TimeCapCallback(t.max_minutes, watch=list(callbacks))
+    return callbacks + [time_cap], time_cap
 
 
 def train(recipe: Recipe, model, inputs: RunInputs, out_dir: Path, callbacks: list, *, resume: bool):
@@ -135,7 +151,7 @@ def train(recipe: Recipe, model, inputs: RunInputs, out_dir: Path, callbacks: li
     t = recipe.train
     args = training_args(
         out_dir, num_train_epochs=t.epochs, per_device_train_batch_size=t.batch_size,
-        learning_rate=t.learning_rate, warmup_steps=t.warmup_steps, lr_scheduler_type=t.scheduler,
+        max_steps=t.max_steps or -1, learning_rate=t.learning_rate, warmup_steps=t.warmup_steps, lr_scheduler_type=t.scheduler,
         weight_decay=t.weight_decay, label_smoothing_factor=t.label_smoothing, max_grad_norm=t.max_grad_norm,
         bf16=inputs.bf16, seed=t.seed, logging_steps=t.logging_steps, save_strategy="epoch",
         save_total_limit=t.save_total_limit,
@@ -223,11 +239,16 @@ def run_recipe(recipe: Recipe, out_dir: str | Path, *, data_dir: str | None = No
     progress(f"precision: {'bf16 autocast' if inputs.bf16 else 'fp32'} (train.precision={recipe.train.precision})")
     progress(f"model: {sum(x.numel() for x in model.parameters()) / 1e6:.1f} M parameters, "
              f"{find_heads(model).summary()}")
-    callbacks, time_limit = make_callbacks(recipe, inputs)
+    late = beyond_epochs(recipe)
+    for key, points in late.items():
+        progress(f"not reached: pruning.{key} {points} lie beyond train.epochs={recipe.train.epochs}")
+    callbacks, time_cap = make_callbacks(recipe, inputs)
     train_start = time.time()
     model = train(recipe, model, inputs, out_dir, callbacks, resume=resume)
     train_minutes = (time.time() - train_start) / 60
-    progress(f"training took {train_minutes:.1f} min")
+    progress(f"training took {train_minutes:.1f} min"
+             + (f"; the time cap fired at step {time_cap.stopped_at_step} (epoch {time_cap.stopped_at:.2f}) of "
+                f"{time_cap.planned_steps} planned" if time_cap.fired else ""))
 
     final = prune_and_evaluate(recipe, model, inputs, progress)
     save_translation_model(final["model"], inputs.tokenizer, out_dir / "full", overwrite=True)
@@ -237,7 +258,8 @@ def run_recipe(recipe: Recipe, out_dir: str | Path, *, data_dir: str | None = No
     mask = final["mask"]
     results = {
         "recipe": recipe.to_dict(), "train_minutes": train_minutes, "total_minutes": (time.time() - started) / 60,
-        "stopped_early_at_epoch": time_limit.stopped_at, "heads_total": mask.num_heads,
+        "stopped_early_at_epoch": time_cap.stopped_at, "time_cap": time_cap.to_dict(),
+        "points": points_summary(out_dir, late), "heads_total": mask.num_heads,
         "heads_kept": mask.num_kept, "kept_per_kind": mask.kept_per_kind(),
         "test_full": _strip(final["full"]), "test_masked": _strip(final["masked"]),
         "test_pruned": _strip(final["shrunk"]), "bench": bench,
@@ -247,6 +269,15 @@ def run_recipe(recipe: Recipe, out_dir: str | Path, *, data_dir: str | None = No
     mark_complete(out_dir, {"results": "results.json", "report": "report.md"})
     progress(f"report: {out_dir / 'report.md'}")
     return results
+
+
+def points_summary(out_dir: Path, late: dict) -> dict:
+    """Planned, done and unreached points of the training-time callbacks (their `schedule_*.json`), and the epoch
+    points beyond `train.epochs` that were never handed to them."""
+    out = {"beyond_train_epochs": late}
+    for path in sorted((out_dir / "prunetrain").glob("schedule_*.json")):
+        out[path.stem.removeprefix("schedule_")] = json.loads(path.read_text())
+    return out
 
 
 def _strip(result: dict) -> dict:

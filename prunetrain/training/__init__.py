@@ -8,6 +8,7 @@ from prunetrain.training.hard_concrete import HardConcreteCallback
 from prunetrain.training.head_pruning import HeadPruningCallback
 from prunetrain.training.pruning_curve import PruningCurveCallback
 from prunetrain.training.state import last_complete_checkpoint, restore_layout
+from prunetrain.training.time_cap import TimeCapCallback
 
-__all__ = ["HardConcreteCallback", "HeadPruningCallback", "PruningCurveCallback", "last_complete_checkpoint",
-           "restore_layout"]
+__all__ = ["HardConcreteCallback", "HeadPruningCallback", "PruningCurveCallback", "TimeCapCallback",
+           "last_complete_checkpoint", "restore_layout"]

@@ -1,7 +1,8 @@
 """What every prunetrain callback shares: output directory, rank-0 files and logs, TensorBoard, checkpoint state, and
 the small helpers that turn the Trainer's state into epochs and batches.
 
-Epochs are counted from 1: "epoch 3" is the end of the third training epoch.
+Epochs are counted from 1: "epoch 3" is the end of the third training epoch; when a callback acts is decided by
+`prunetrain.training.scheduled` (points in fractional epochs or global steps, labelled exactly).
 """
 
 from __future__ import annotations
@@ -10,7 +11,7 @@ import json
 import logging
 import math
 from pathlib import Path
-from typing import Callable, Iterable, Mapping
+from typing import Iterable, Mapping
 
 import torch
 import torch.distributed as dist
@@ -31,30 +32,6 @@ logger = logging.getLogger("prunetrain")
 # ---------------------------------------------------------------------------------------------------------------------
 # configuration checks shared by the callbacks
 # ---------------------------------------------------------------------------------------------------------------------
-def epoch_selector(spec, argument: str) -> tuple[Callable[[int], bool], int | None]:
-    """`(selected(epoch), largest explicitly named epoch or None)` from a list of epochs, an int N ("every N
-    epochs") or a predicate.
-
-    Args:
-        spec: a list of epochs (>= 1), an int N >= 1 or a function epoch -> bool.
-        argument: the argument's name, for the error message.
-    """
-    if callable(spec):
-        return spec, None
-    if isinstance(spec, bool) or (isinstance(spec, int) and spec < 1):
-        raise ValueError(f"{argument}: {spec!r} is not valid; give a list of epochs (>= 1), an int N >= 1 for "
-                         f"'every N epochs', or a function epoch -> bool.")
-    if isinstance(spec, int):
-        return (lambda epoch: epoch % spec == 0), None
-    epochs = list(spec)
-    bad = [e for e in epochs if isinstance(e, bool) or not isinstance(e, int) or e < 1]
-    if bad or not epochs:
-        raise ValueError(f"{argument}: {bad[0] if bad else epochs!r} is not valid; epochs are integers >= 1 "
-                         f"(epoch 1 is the end of the first epoch).")
-    chosen = set(epochs)
-    return (lambda epoch: epoch in chosen), max(epochs)
-
-
 def check_callback_kinds(kinds) -> list[str] | None:
     return check_kinds("kinds", kinds, KINDS)
 
@@ -197,10 +174,6 @@ class PrunetrainCallback(TrainerCallback):
 # ---------------------------------------------------------------------------------------------------------------------
 # small helpers
 # ---------------------------------------------------------------------------------------------------------------------
-def current_epoch(state) -> int:
-    return int(round(state.epoch or 0))
-
-
 def when(state) -> str:
     """"epoch 3", or "step 120 (epoch 0.26)" when training ended part-way through an epoch (max_steps)."""
     epoch = float(state.epoch or 0)
@@ -253,4 +226,4 @@ def importance_heatmap(scores, title: str):
                           colorbar_label="importance")
 
 
-__all__ = ["PrunetrainCallback", "epoch_selector"]
+__all__ = ["PrunetrainCallback"]

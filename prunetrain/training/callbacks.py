@@ -1,7 +1,9 @@
 """The Trainer callbacks in one import (kept for existing code; each lives in its own module):
 
-- `HeadPruningCallback` (`prunetrain.training.head_pruning`): importance at chosen epochs, pruning on a schedule.
-- `PruningCurveCallback` (`prunetrain.training.pruning_curve`): metric vs share of heads masked, per epoch.
+- `HeadPruningCallback` (`prunetrain.training.head_pruning`): importance at chosen points (fractional epochs or global
+  steps), pruning on a schedule, Spearman ρ of importance between consecutive points.
+- `PruningCurveCallback` (`prunetrain.training.pruning_curve`): metric vs share of the heads present masked, per point.
+- `TimeCapCallback` (`prunetrain.training.time_cap`): a wall-clock guard on a run defined by its steps.
 - `HardConcreteCallback` (`prunetrain.training.hard_concrete`): Hard-Concrete L0 gates (Voita et al. 2019).
 - `PrunetrainCallback` (`prunetrain.training.base`) and the checkpoint helpers (`prunetrain.training.state`).
 """
@@ -11,6 +13,7 @@ from prunetrain.training.hard_concrete import HardConcreteCallback
 from prunetrain.training.head_pruning import HeadPruningCallback
 from prunetrain.training.pruning_curve import PruningCurveCallback
 from prunetrain.training.state import last_complete_checkpoint, restore_layout
+from prunetrain.training.time_cap import TimeCapCallback
 
 __all__ = ["HardConcreteCallback", "HeadPruningCallback", "PruningCurveCallback", "PrunetrainCallback",
-           "last_complete_checkpoint", "restore_layout"]
+           "TimeCapCallback", "last_complete_checkpoint", "restore_layout"]

@@ -15,9 +15,9 @@ from prunetrain.engine.heads import find_heads, unwrap_model
 from prunetrain.engine.mask import HeadMask
 from prunetrain.engine.shrink import shrink
 from prunetrain.methods.gates import HardConcreteGates, LagrangianBudget, gates_for
-from prunetrain.training.base import (PrunetrainCallback, check_callback_kinds, check_model_kinds, current_epoch,
-                                      when)
+from prunetrain.training.base import PrunetrainCallback, check_callback_kinds, check_model_kinds, when
 from prunetrain.training.distributed import find_ddp, rebuild_ddp, world_size
+from prunetrain.training.points import is_whole_epoch, label
 from prunetrain.training.state import load_optimizer_state, optimizer_state
 from prunetrain.utils.device import device_of
 from prunetrain.utils.plots import heatmap_figure
@@ -204,13 +204,14 @@ class HardConcreteCallback(PrunetrainCallback):
             self._tb_scalar(f"prunetrain/heads_alive_by_step/{kind}", count, state.global_step)
 
     def on_epoch_end(self, args, state, control, **kwargs):
-        epoch = current_epoch(state)
+        epoch, step = float(state.epoch or 0), int(state.global_step)  # exact: a cut run ends part-way (not rounded)
         with torch.no_grad():
             expected = float(self.gates.expected_l0())
             per_kind = self.gates.open_per_kind()
             per_site = {n: int(self.gates.deterministic(n).sum()) for n in self.gates.site_names}
             prob_open = self.gates.prob_open_matrix()
-        record = {"epoch": epoch, "step": state.global_step, "expected_l0": expected, "open_per_kind": per_kind,
+        record = {"epoch": epoch, "step": step, "label": label(step, epoch), "whole_epoch": is_whole_epoch(state),
+                  "expected_l0": expected, "open_per_kind": per_kind,
                   "open_per_site": per_site, "penalty": self._last_penalty,
                   "p_open": [[None if math.isnan(v) else v for v in row] for row in prob_open.tolist()]}
         if self.lagrangian is not None:
@@ -218,14 +219,14 @@ class HardConcreteCallback(PrunetrainCallback):
             record["lambda_2"] = float(self.lagrangian.lambda_2.detach())
         self.history.append(record)
         self._write_json("gates_history.json", self.history)
-        self._tb_scalar("prunetrain/heads_alive", sum(per_kind.values()), epoch)
+        self._tb_scalar("prunetrain/heads_alive", sum(per_kind.values()), step)
         for kind, count in per_kind.items():
-            self._tb_scalar(f"prunetrain/heads_alive/{kind}", count, epoch)
+            self._tb_scalar(f"prunetrain/heads_alive/{kind}", count, step)
         if self._is_main and self._tb is not None:
             labels = [f"{self.gates.layout[n].kind}:{self.gates.layout[n].layer}" for n in self.gates.site_names]
-            self._tb_figure("prunetrain/gate_p_open", heatmap_figure(prob_open, labels, f"P(gate open), epoch {epoch}",
+            self._tb_figure("prunetrain/gate_p_open", heatmap_figure(prob_open, labels, f"P(gate open), {label(step, epoch)}",
                                                                      vmin=0, vmax=1, colorbar_label="1 − P(g=0)"),
-                            epoch)
+                            step)
         self._log(f"{when(state)}: gates open {sum(per_kind.values())} "
                   f"({', '.join(f'{k} {v}' for k, v in per_kind.items())}), expected L0 {expected:.2f}")
         self._flush()

@@ -1,6 +1,12 @@
-"""`PruningCurveCallback`: at chosen epochs, the metric of the model with 0…90 % of its heads masked in importance
-order (Michel et al. 2019 §6, Fig. 5), while training goes on untouched (masks, RNG state and train/eval mode are
-exactly as before after each curve)."""
+"""`PruningCurveCallback`: at chosen points of training, the metric of the model with 0…90 % of its heads masked in
+importance order (Michel et al. 2019 §6, Fig. 5), while training goes on untouched (masks, RNG state and train/eval
+mode are exactly as before after each curve).
+
+Points are epochs (fractional allowed) or global steps, each record labelled by the global step and the exact
+fractional epoch (`prunetrain.training.scheduled`). With `relative=True` (the default, scope "global") the fractions
+are of the heads still present, so after a training-time pruning step the curve still spans the model as it is
+instead of staying flat up to the share already removed.
+"""
 
 from __future__ import annotations
 
@@ -10,8 +16,10 @@ from prunetrain.engine.heads import find_heads, unwrap_model
 from prunetrain.methods.curve import DEFAULT_FRACTIONS, Curve, Metric, pruning_curve
 from prunetrain.methods.importance import get_scorer, random_scores
 from prunetrain.methods.selection import SCOPES, select_heads
-from prunetrain.training.base import (PrunetrainCallback, check_callback_kinds, check_epochs_fit, check_model_kinds,
-                                      combined_attached, current_epoch, epoch_selector, first_batches, local_share)
+from prunetrain.training.base import (check_callback_kinds, check_epochs_fit, check_model_kinds, combined_attached,
+                                      first_batches, local_share)
+from prunetrain.training.points import Plan, Point, check_step_points, epoch_spec, file_label, label
+from prunetrain.training.scheduled import ScheduledCallback
 from prunetrain.training.state import RngState
 from prunetrain.utils.plots import curves_figure, save_figure
 from prunetrain.utils.validate import ALL_BATCHES, check_choice, check_fractions, check_int
@@ -19,7 +27,7 @@ from prunetrain.utils.validate import ALL_BATCHES, check_choice, check_fractions
 ORDERS = ("importance", "random", "both")
 
 
-class PruningCurveCallback(PrunetrainCallback):
+class PruningCurveCallback(ScheduledCallback):
     """The metric of the model with 0…90 % of its heads masked, at chosen epochs (Michel et al. 2019 §6).
 
     Example (BLEU of a translation model, with `bleu_metric` of the translation application `prunetrain.mt.metrics`;
@@ -28,11 +36,18 @@ class PruningCurveCallback(PrunetrainCallback):
         PruningCurveCallback(metric=bleu_metric(tokenizer, dev_pairs), metric_key="bleu")
 
     Args:
-        at_epochs: a list of epochs, an int N (every N epochs) or a function epoch -> bool.
+        at_epochs: a list of epoch points in increasing order (ints or fractional floats), an int N (every N whole
+            epochs) or a function epoch -> bool (whole epochs).
+        at_steps: more points, as global optimizer steps (increasing).
         metric: a callable `model -> float | dict` (e.g. `prunetrain.mt.metrics.bleu_metric(...)`,
             `prunetrain.methods.curve.loss_metric(batches)` or `accuracy_metric(batches)`).
         metric_key: the entry to plot when the metric returns a dict (e.g. "bleu"); default "value".
-        fractions: shares of all heads to prune (default 0, 0.1, …, 0.9).
+        fractions: shares of the heads to prune (default 0, 0.1, …, 0.9).
+        relative: fractions of the heads still present (scope "global"; heads removed by training-time pruning, masked
+            or shrunk, stay removed and the fraction applies to the rest). False, or scope "kind"/"layer": fractions
+            of the model's original heads, already-removed heads counting toward them (`select_heads` convention).
+            A fraction that `min_heads_per_layer` puts out of reach on the model as it is then is skipped and
+            listed in the record (`skipped_fractions`).
         order: "importance", "random" (seeded baseline, one curve per seed in `random_seeds`) or "both".
         random_seeds: seeds of the random-order curves.
         iterative: re-estimate importance between fractions (slower; Michel §4).
@@ -42,20 +57,25 @@ class PruningCurveCallback(PrunetrainCallback):
             `num_batches` batches of the Trainer's training dataloader.
         num_batches: see `importance_batches`.
         scope, kinds, min_heads_per_layer: passed to `select_heads`.
+        record_end: when training stops part-way through an epoch, record a curve at that exact step ("end").
         output_dir: where files go (default `<output_dir>/prunetrain`).
-        tensorboard: write TensorBoard scalars and figures.
+        tensorboard: write TensorBoard scalars and figures (TensorBoard step = global step).
     """
 
     name = "pruning-curve"
 
-    def __init__(self, at_epochs=(1,), *, metric: Metric, metric_key: str | None = None,
+    def __init__(self, at_epochs=(1,), *, metric: Metric, at_steps: Iterable[int] = (), relative: bool = True,
+                 record_end: bool = True, metric_key: str | None = None,
                  fractions: Sequence[float] = DEFAULT_FRACTIONS, order: str = "importance",
                  random_seeds: Sequence[int] = (0,), iterative: bool = False, scorer: str | Callable = "gradient",
                  scorer_options: Mapping | None = None, importance_batches: Iterable | None = None,
                  num_batches: int = 8, scope: str = "global", kinds=None, min_heads_per_layer: int = 0,
                  output_dir: str | None = None, tensorboard: bool = True):
         super().__init__(output_dir, tensorboard)
-        self._at, self._last_epoch = epoch_selector(at_epochs, "at_epochs")
+        selector, epochs = epoch_spec(at_epochs, "at_epochs")
+        self._init_points(Plan(epochs, check_step_points("at_steps", list(at_steps)), selector), record_end)
+        self._last_epoch = max([int(e) + (e % 1 > 0) for e in epochs], default=None)
+        self.relative = bool(relative)
         if not callable(metric):
             raise ValueError(f"metric: {metric!r} is not a callable model -> float | dict; build one with "
                              f"prunetrain.mt.metrics.bleu_metric, prunetrain.methods.curve.loss_metric or "
@@ -74,7 +94,7 @@ class PruningCurveCallback(PrunetrainCallback):
         self.scorer, self.scorer_options = scorer, dict(scorer_options or {})
         self.importance_batches, self.num_batches = importance_batches, num_batches
         self.scope, self.min_heads_per_layer = scope, min_heads_per_layer
-        self.curves: dict[int, dict[str, dict]] = {}
+        self.curves: dict[int, dict] = {}  # global step -> {"step", "epoch", "label", "kind", "curves": {...}}
 
     def on_init_end(self, args, state, control, model=None, **kwargs):
         check_epochs_fit(args, self._last_epoch, "at_epochs")
@@ -96,40 +116,86 @@ class PruningCurveCallback(PrunetrainCallback):
                              f"{self.min_heads_per_layer} on this model ({err}); lower the largest fraction or "
                              f"min_heads_per_layer.") from None
 
-    def on_train_begin(self, args, state, control, model=None, **kwargs):
+    def on_train_begin(self, args, state, control, model=None, train_dataloader=None, **kwargs):
         self._setup(args, state, model)
         self._restore(args, state)
+        self._start_plan(args, state, train_dataloader)
+
+    def on_train_end(self, args, state, control, **kwargs):
+        self._finish_plan(state)
+        super().on_train_end(args, state, control, **kwargs)
 
     def state_dict(self) -> dict:
-        return {"curves": {str(k): v for k, v in self.curves.items()}}
+        return {"curves": {str(k): v for k, v in self.curves.items()}, **self.points_state()}
 
     def load_state_dict(self, state: dict) -> None:
         self.curves = {int(k): v for k, v in state.get("curves", {}).items()}
+        self.load_points_state(state)
 
-    def on_epoch_end(self, args, state, control, model=None, train_dataloader=None, **kwargs):
-        epoch = current_epoch(state)
-        if not self._at(epoch):
-            return
+    def act(self, point: Point, kind: str, state, model=None, train_dataloader=None, **kwargs):
+        step, epoch = int(state.global_step), float(state.epoch or 0)
         rng = RngState.capture()
         try:
-            curves = self.compute(model, train_dataloader)
+            curves, meta = self.compute_with_meta(model, train_dataloader)
         finally:
             rng.restore()
-        self.curves[epoch] = {name: curve.to_dict() for name, curve in curves.items()}
-        self._write_json(f"curve_epoch{epoch}.json", self.curves[epoch])
+        entry = {"step": step, "epoch": epoch, "label": label(step, epoch), "kind": kind, **meta,
+                 "curves": {name: self._relabel(curve.to_dict(), meta) for name, curve in curves.items()}}
+        self.curves[step] = entry
+        self._write_json(f"curve_{file_label(step, epoch)}.json", entry)
         self._write_json("curves.json", {str(k): v for k, v in sorted(self.curves.items())})
-        main = curves.get("importance") or next(iter(curves.values()))
-        for point in main.points:
-            self._tb_scalar(f"prunetrain/curve_{main.metric}/pruned_{round(100 * point.fraction)}pct", point.value,
-                            epoch)
-        seconds = sum(p.seconds for p in main.points) / max(1, len(main.points))
-        self._log(f"epoch {epoch}: {main.metric} at " + ", ".join(f"{round(100 * p.fraction)}%={p.value:.2f}"
-                                                                   for p in main.points)
-                  + f" ({seconds:.1f} s per point)")
+        if not entry["curves"]:
+            self._log(f"{label(step, epoch)}: no curve fraction is within reach ({meta['skipped_fractions']})")
+            return
+        main = entry["curves"].get("importance") or next(iter(entry["curves"].values()))
+        metric_name = main.get("metric", self.metric_key)
+        for p in main["points"]:
+            self._tb_scalar(f"prunetrain/curve_{metric_name}/pruned_{round(100 * p['fraction'])}pct", p["value"], step)
+        seconds = sum(p["seconds"] for p in main["points"]) / max(1, len(main["points"]))
+        self._log(f"{label(step, epoch)}: {metric_name} at " + ", ".join(
+            f"{round(100 * p['fraction'])}%={p['value']:.2f}" for p in main["points"])
+            + f" (fractions of the {meta['fractions_of']}; {seconds:.1f} s per point)"
+            + (f"; out of reach: {meta['skipped_fractions']}" if meta["skipped_fractions"] else ""))
         if self._is_main:
             save_figure(self.figure(), self.out_dir / "curves.png")
-            self._tb_figure("prunetrain/pruning_curves", self.figure(), epoch)
-        self._flush()
+            self._tb_figure("prunetrain/pruning_curves", self.figure(), step)
+
+    @staticmethod
+    def _relabel(curve: dict, meta: dict) -> dict:
+        """Points carry the requested fraction (of the heads present, when relative) and the fraction of the
+        original heads the selection used."""
+        mapping = meta.get("to_original") or {}
+        points = []
+        for p in curve["points"]:
+            for requested in mapping.get(repr(p["fraction"]), [p["fraction"]]):
+                points.append(dict(p, fraction=requested, fraction_of_original=p["fraction"]))
+        return dict(curve, points=sorted(points, key=lambda q: q["fraction"]))
+
+    def _plan_fractions(self, model) -> dict:
+        """The fractions handed to `pruning_curve` (of the original heads, `select_heads` convention), their
+        requested fractions, and the ones out of reach on the model as it is."""
+        layout = find_heads(unwrap_model(model))
+        base = combined_attached(model)
+        sites = [s for s in layout if self.kinds is None or s.kind in self.kinds]
+        original = sum(s.original_num_heads for s in sites)
+        alive = {s.name: (int((base[s.name] != 0).sum()) if base is not None else s.num_heads) for s in sites}
+        present = sum(alive.values())
+        prunable = sum(max(0, alive[s.name] - self.min_heads_per_layer) for s in sites)
+        relative = self.relative and self.scope == "global"
+        to_original: dict[str, list[float]] = {}
+        skipped = []
+        for fraction in self.fractions:
+            if relative:
+                target = (original - present) + int(fraction * present + 0.5 + 1e-9)
+                if target - (original - present) > prunable:
+                    skipped.append(fraction)
+                    continue
+                used = target / original if original else 0.0
+            else:
+                used = fraction
+            to_original.setdefault(repr(float(used)), []).append(fraction)
+        return {"fractions_of": "heads present" if relative else "original heads", "heads_present": present,
+                "heads_original": original, "skipped_fractions": skipped, "to_original": to_original}
 
     def _batches(self, model, train_dataloader) -> list:
         if self.importance_batches is not None:
@@ -145,7 +211,15 @@ class PruningCurveCallback(PrunetrainCallback):
             model: the model (attached masks count as already pruned).
             train_dataloader: the source of importance batches when `importance_batches` was not given.
         """
-        common = dict(fractions=self.fractions, scope=self.scope, kinds=self.kinds,
+        return self.compute_with_meta(model, train_dataloader)[0]
+
+    def compute_with_meta(self, model, train_dataloader=None) -> tuple[dict[str, Curve], dict]:
+        """`compute`, and how the fractions were placed (`fractions_of`, heads present, skipped fractions)."""
+        meta = self._plan_fractions(model)
+        fractions = sorted(float(f) for f in meta["to_original"])
+        if not fractions:
+            return {}, meta
+        common = dict(fractions=fractions, scope=self.scope, kinds=self.kinds,
                       min_heads_per_layer=self.min_heads_per_layer, base_mask=combined_attached(model),
                       key=self.metric_key, metric_name=self.metric_key)
         curves: dict[str, Curve] = {}
@@ -156,15 +230,17 @@ class PruningCurveCallback(PrunetrainCallback):
         if self.order in ("random", "both"):
             for seed in self.random_seeds:
                 curves[f"random_seed{seed}"] = pruning_curve(model, self.metric, order="random", seed=seed, **common)
-        return curves
+        return curves, meta
 
     def figure(self):
-        """One line per epoch (importance order; random-order curves are in the JSON only)."""
+        """One line per point (importance order; random-order curves are in the JSON only)."""
         series = {}
-        for epoch, curves in sorted(self.curves.items()):
-            data = curves.get("importance") or next(iter(curves.values()))
-            series[f"epoch {epoch}"] = ([p["fraction"] for p in data["points"]], [p["value"] for p in data["points"]])
-        return curves_figure(series, ylabel=self.metric_key, title="metric vs heads pruned, per epoch")
+        for _, entry in sorted(self.curves.items()):
+            if not entry["curves"]:
+                continue
+            data = entry["curves"].get("importance") or next(iter(entry["curves"].values()))
+            series[entry["label"]] = ([p["fraction"] for p in data["points"]], [p["value"] for p in data["points"]])
+        return curves_figure(series, ylabel=self.metric_key, title="metric vs share of the heads present pruned")
 
 
 __all__ = ["PruningCurveCallback"]

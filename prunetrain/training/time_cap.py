@@ -1,0 +1,82 @@
+"""`TimeCapCallback`: a wall-clock guard on a run that is defined by its number of steps.
+
+A run's length is its step count (`max_steps`, or epochs × steps per epoch): two machines give the same model. The
+cap only guards against a run that would take far too long; when it fires, the run is shorter than defined and depends
+on the machine, and that is said (log line, `fired`, `stopped_at_step`). After `measure_steps` steps it estimates from
+the measured step rate where the cap will stop training and tells the scheduled callbacks (`expect_end`), so the
+points that will not be reached are listed while training runs, not discovered at the end.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+
+from transformers import TrainerCallback
+
+from prunetrain.training.points import label
+from prunetrain.utils.validate import check_int, check_positive_float
+
+logger = logging.getLogger("prunetrain")
+
+
+class TimeCapCallback(TrainerCallback):
+    """Stop training gracefully once `max_minutes` have passed (checked after every step).
+
+    Args:
+        max_minutes: the cap in minutes; 0 means no cap.
+        watch: callbacks with an `expect_end(step)` method (the scheduled prunetrain callbacks), told the step the
+            cap is expected to stop training at once the step rate is measured.
+        measure_steps: steps to measure the rate over (counted from the first step of this session; the time of the
+            callbacks' own work at points is included, as it is in the real run).
+    """
+
+    def __init__(self, max_minutes: float, watch=(), measure_steps: int = 20):
+        self.max_minutes = check_positive_float("max_minutes", max_minutes, allow_zero=True)
+        self.watch = list(watch)
+        self.measure_steps = check_int("measure_steps", measure_steps)
+        self.start: float | None = None
+        self.start_step = 0
+        self.fired = False
+        self.stopped_at: float | None = None  # epoch (kept for existing readers)
+        self.stopped_at_step: int | None = None
+        self.planned_steps: int | None = None
+        self.expected_end_step: int | None = None
+        self.steps_per_second: float | None = None
+
+    def on_train_begin(self, args, state, control, **kwargs):
+        self.start, self.start_step = time.time(), int(state.global_step)
+        self.planned_steps = int(state.max_steps) if state.max_steps else None
+
+    def on_step_end(self, args, state, control, **kwargs):
+        if self.max_minutes <= 0:
+            return control
+        elapsed = time.time() - self.start
+        done = int(state.global_step) - self.start_step
+        if self.expected_end_step is None and done >= self.measure_steps and elapsed > 0:
+            self.steps_per_second = done / elapsed
+            remaining = max(0.0, 60 * self.max_minutes - elapsed)
+            expected = int(state.global_step + self.steps_per_second * remaining)
+            self.expected_end_step = min(expected, self.planned_steps) if self.planned_steps else expected
+            if self.planned_steps and expected < self.planned_steps:
+                logger.warning("prunetrain: time cap %.1f min: at %.2f steps/s training is expected to stop near "
+                               "step %d of the %d planned", self.max_minutes, self.steps_per_second,
+                               self.expected_end_step, self.planned_steps)
+                for callback in self.watch:
+                    callback.expect_end(self.expected_end_step)
+        if elapsed > 60 * self.max_minutes:
+            control.should_training_stop = True
+            self.fired = True
+            self.stopped_at, self.stopped_at_step = float(state.epoch or 0), int(state.global_step)
+            logger.warning("prunetrain: the time cap of %.1f min fired at %s, before the planned step %s: this run "
+                           "is shorter than its definition and depends on the machine", self.max_minutes,
+                           label(self.stopped_at_step, self.stopped_at), self.planned_steps)
+        return control
+
+    def to_dict(self) -> dict:
+        return {"max_minutes": self.max_minutes, "fired": self.fired, "stopped_at_step": self.stopped_at_step,
+                "stopped_at_epoch": self.stopped_at, "planned_steps": self.planned_steps,
+                "expected_end_step": self.expected_end_step, "measured_steps_per_second": self.steps_per_second}
+
+
+__all__ = ["TimeCapCallback"]
