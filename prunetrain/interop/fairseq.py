@@ -522,7 +522,7 @@ def load_fairseq_tokenizers(path: str | os.PathLike):
     path = Path(path)
     if not (path / TARGET_TOKENIZER_DIR).is_dir():
         raise ValueError(f"path: {str(path)!r} has no {TARGET_TOKENIZER_DIR}/; expected a directory written by "
-                         f"prunetrain.fairseq_interop.convert_fairseq.")
+                         f"prunetrain.interop.fairseq.convert_fairseq.")
     return AutoTokenizer.from_pretrained(path), AutoTokenizer.from_pretrained(path / TARGET_TOKENIZER_DIR)
 
 
