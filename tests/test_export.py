@@ -53,7 +53,7 @@ try:
 except ImportError:
     out["prunetrain_importable"] = False
 root = sys.argv[1]
-expected = torch.load(root + "/expected.pt")
+expected = torch.load(root + "/expected.pt", weights_only=True)  # tensors, dicts and plain values only
 for family, case in expected.items():
     path = f"{root}/{family}"
     model = getattr(tf, case["auto"]).from_pretrained(path, trust_remote_code=True, attn_implementation="eager")

@@ -185,12 +185,9 @@ def _masks_for(model, fractions, scores, batches, order, iterative, seed, scope,
 # -------------------------------------------------------------------------------------------------------------------
 # metrics
 # -------------------------------------------------------------------------------------------------------------------
-def loss_metric(batches: Iterable[Mapping[str, Any]]) -> Metric:
-    """Token-weighted mean of the model's own loss over `batches` (batches need `labels`).
-
-    Args:
-        batches: batches with `labels`; read once into a list.
-    """
+def _ratio_metric(batches: Iterable[Mapping[str, Any]], per_batch, name: str, count_name: str) -> Metric:
+    """A metric `Σ numerator / Σ count` over `batches` (read once into a list), each batch moved to the model's
+    device and scored by `per_batch(model, batch) -> (numerator, count)` without gradients."""
     batches = list(batches)
 
     def metric(model: nn.Module) -> dict:
@@ -198,13 +195,25 @@ def loss_metric(batches: Iterable[Mapping[str, Any]]) -> Metric:
         device = device_of(model)
         with torch.no_grad():
             for batch in batches:
-                batch = batch_to(batch, device)
-                n = loss_token_count(model, batch)
-                total += float(model(**batch).loss) * n
+                value, n = per_batch(model, batch_to(batch, device))
+                total += value
                 count += n
-        return {"loss": total / max(count, 1), "tokens": count}
+        return {name: total / max(count, 1), count_name: count}
 
     return metric
+
+
+def loss_metric(batches: Iterable[Mapping[str, Any]]) -> Metric:
+    """Token-weighted mean of the model's own loss over `batches` (batches need `labels`).
+
+    Args:
+        batches: batches with `labels`; read once into a list.
+    """
+    def per_batch(model: nn.Module, batch: dict) -> tuple[float, int]:
+        n = loss_token_count(model, batch)
+        return float(model(**batch).loss) * n, n
+
+    return _ratio_metric(batches, per_batch, "loss", "tokens")
 
 
 def accuracy_metric(batches: Iterable[Mapping[str, Any]]) -> Metric:
@@ -214,25 +223,15 @@ def accuracy_metric(batches: Iterable[Mapping[str, Any]]) -> Metric:
     Args:
         batches: batches with `labels`; read once into a list.
     """
-    batches = list(batches)
+    def per_batch(model: nn.Module, batch: dict) -> tuple[int, int]:
+        labels = batch["labels"]
+        logits = model(**{k: v for k, v in batch.items() if k != "labels"}).logits
+        if is_causal_lm(model):  # position t predicts token t + 1
+            logits, labels = logits[:, :-1], labels[:, 1:]
+        valid = labels != -100
+        return int(((logits.argmax(-1) == labels) & valid).sum()), int(valid.sum())
 
-    def metric(model: nn.Module) -> dict:
-        correct, count = 0, 0
-        device = device_of(model)
-        with torch.no_grad():
-            for batch in batches:
-                batch = batch_to(batch, device)
-                labels = batch["labels"]
-                logits = model(**{k: v for k, v in batch.items() if k != "labels"}).logits
-                if is_causal_lm(model):  # position t predicts token t + 1
-                    logits, labels = logits[:, :-1], labels[:, 1:]
-                predictions = logits.argmax(-1)
-                valid = labels != -100
-                correct += int(((predictions == labels) & valid).sum())
-                count += int(valid.sum())
-        return {"accuracy": correct / max(count, 1), "items": count}
-
-    return metric
+    return _ratio_metric(batches, per_batch, "accuracy", "items")
 
 
 __all__ = ["Curve", "CurvePoint", "DEFAULT_FRACTIONS", "Metric", "accuracy_metric", "check_fractions", "loss_metric",

@@ -436,6 +436,19 @@ def _unit_gates(per: str, net: nn.Module, layout: HeadLayout) -> Iterator["_Batc
         gates.close()
 
 
+def _scoring_setup(model: nn.Module, sync: bool | None, autocast) -> tuple[int, nn.Module, torch.device, HeadLayout,
+                                                                     "_Sums"]:
+    """What every scorer starts with: the distributed world size, the inner model (forward it, not a DDP wrapper,
+    which would expect parameter gradients), its device, its layout and empty per-head sums. The autocast argument
+    is validated here, before any work."""
+    world = _distributed_world(sync)
+    net = unwrap_model(model)
+    device = device_of(net)
+    _autocast(device, autocast)
+    layout = find_heads(net)
+    return world, net, device, layout, _Sums(layout)
+
+
 def head_importance(
     model: nn.Module,
     batches: Iterable[Mapping[str, Any]],
@@ -478,12 +491,7 @@ def head_importance(
     check_choice("per", per, PER)
     check_choice("normalize", normalize, NORMALIZE)
     check_choice("reduction", reduction, REDUCTION)
-    world = _distributed_world(sync)
-    net = unwrap_model(model)  # forward the inner model: DDP would expect parameter gradients
-    device = device_of(net)
-    _autocast(device, autocast)  # validates the argument before any work
-    layout = find_heads(net)
-    acc = _Sums(layout)
+    world, net, device, layout, acc = _scoring_setup(model, sync, autocast)
     with scoring_mode(net), _unit_gates(per, net, layout) as gates:
         for batch in _batches(batches, device, max_batches):
             gates.start(batch)
@@ -528,12 +536,7 @@ def ablation_scores(
         max_batches: score at most this many batches (None: all).
         sync: distributed reduction, as in `head_importance`.
     """
-    world = _distributed_world(sync)
-    net = unwrap_model(model)
-    device = device_of(net)
-    _autocast(device, autocast)
-    layout = find_heads(net)
-    acc = _Sums(layout)
+    world, net, device, layout, acc = _scoring_setup(model, sync, autocast)
     probe = HeadMask(layout)
     with scoring_mode(net), torch.no_grad():
         probe.attach(net)
@@ -635,13 +638,8 @@ def confidence_scores(
         max_batches: score at most this many batches (None: all).
         sync: distributed reduction, as in `head_importance`.
     """
-    world = _distributed_world(sync)
-    net = unwrap_model(model)
-    device = device_of(net)
-    _autocast(device, autocast)
+    world, net, device, layout, acc = _scoring_setup(model, sync, autocast)
     sites = attention_sites(net)
-    layout = find_heads(net)
-    acc = _Sums(layout)
     hooks = {s.info.name: _ConfidenceHook(s.info.name, s.info.kind, acc) for s in sites}
     with scoring_mode(net), torch.no_grad(), _eager_attention(net):
         handles = [s.module.register_forward_hook(hooks[s.info.name]) for s in sites]
