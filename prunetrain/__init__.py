@@ -7,7 +7,7 @@ Head engine:
     save_pruned / load_pruned             HF files + per-site head layout, no pickles
 Michel et al. (2019):  head_importance, HeadScores, select_heads, iterative_prune, pruning_curve
 Voita et al. (2019):   HardConcreteGates
-Trainer callbacks:     HeadPruningCallback, PruningCurveCallback, HardConcreteCallback
+Trainer callbacks:     HeadPruningCallback, PruningCurveCallback, HardConcreteCallback, MetricPointsCallback
 """
 
 from prunetrain.engine.families import FamilyAdapter, register, supported_families
@@ -34,6 +34,7 @@ _LAZY = {
     # callbacks (import transformers' Trainer machinery only when asked for)
     "HeadPruningCallback": "prunetrain.training.head_pruning", "PruningCurveCallback": "prunetrain.training.pruning_curve",
     "HardConcreteCallback": "prunetrain.training.hard_concrete", "restore_layout": "prunetrain.training.state",
+    "MetricPointsCallback": "prunetrain.training.metric_points",
     # benchmarks
     "benchmark": "prunetrain.bench", "BenchResult": "prunetrain.bench", "BenchConfig": "prunetrain.bench",
 }

@@ -134,6 +134,52 @@ def test_shrink_mode_removes_heads_mid_training_and_keeps_learning(tmp_path, tin
     assert snapshot.weights["q"].shape == q.shape and not torch.equal(snapshot.weights["q"], q.detach())
 
 
+def test_masks_first_then_a_mid_training_shrink_timed_by_the_training_clock(tmp_path, tiny_mt):
+    """prune_steps {4: 0.25, 8: 0.5} as masks, the masked heads removed at step 8 (optimizer state sliced), training
+    going on with 12 heads; the clock (registered first) evaluates before the pruning of its step, counts heads as the
+    masks leave them, and splits the step rate at the shrink. Its metric leaves training bit-identical."""
+    from prunetrain.training.metric_points import MetricPointsCallback
+
+    def run(directory, with_clock):
+        model = _marian(tiny_mt[2])
+        pruning = HeadPruningCallback(at_epochs=[], prune_steps={4: 0.25, 8: 0.5}, shrink_steps=[8],
+                                      batches=_fixed_batches(tiny_mt, model))
+        clock = MetricPointsCallback(lambda m: {"value": float(torch.rand(1)), "present": pt.find_heads(m).total_heads,
+                                                "training": m.training}, at_steps=[4, 12])  # draws from the RNG
+        trainer = _seq2seq_trainer(directory, tiny_mt, ([clock] if with_clock else []) + [pruning], model=model)
+        params_before = sum(p.numel() for p in model.parameters())
+        trainer.train()
+        return model, trainer, pruning, clock, params_before
+
+    model, trainer, pruning, clock, params_before = run(tmp_path / "a", True)
+    assert [(e["step"], e["mode"], e["heads_before"], e["heads_after"]) for e in pruning.events] == [
+        (4, "mask", 24, 18), (8, "mask", 18, 12), (8, "shrink", 24, 12)]
+    assert pt.find_heads(model).total_heads == 12 and not pt.attached_masks(model)
+    assert sum(p.numel() for p in model.parameters()) < params_before
+    optimizer = trainer.optimizer.optimizer if hasattr(trainer.optimizer, "optimizer") else trainer.optimizer
+    for group in optimizer.param_groups:
+        for p in group["params"]:
+            assert optimizer.state[p]["exp_avg"].shape == p.shape
+    records = clock.records
+    assert [(r["step"], r["heads"], r["present"], r["training"]) for r in records] == [
+        (4, 24, 24, False), (12, 12, 12, False)]
+    assert records[0]["parameters"] == params_before > records[1]["parameters"]
+    assert 0 < records[0]["step_seconds"] < records[1]["step_seconds"] <= records[1]["wall_seconds"]
+    assert [(g["from_step"], g["to_step"], g["steps"], g["heads"]) for g in clock.segments] == [
+        (1, 8, 8, 24), (9, 16, 8, 12)]
+    assert all(g["seconds"] > 0 and g["steps_per_second"] > 0 for g in clock.segments)
+    assert abs(sum(g["seconds"] for g in clock.segments) - clock.step_seconds) < 1e-9
+    saved = json.loads((tmp_path / "a" / "prunetrain" / "metric_points.json").read_text())
+    assert [r["step"] for r in saved["records"]] == [4, 12]
+    plain, *_ = run(tmp_path / "b", False)
+    for (name, a), (_, b) in zip(model.state_dict().items(), plain.state_dict().items()):
+        assert torch.equal(a, b), name
+    with pytest.raises(ValueError, match=r"^shrink_steps: 6 is not a step of prune_steps \[4, 8\]"):
+        HeadPruningCallback(prune_steps={4: 0.25, 8: 0.5}, shrink_steps=[6])
+    with pytest.raises(ValueError, match=r"^shrink_steps: \[8\] needs mode='mask'"):
+        HeadPruningCallback(prune_steps={4: 0.25, 8: 0.5}, shrink_steps=[8], mode="shrink")
+
+
 def test_curve_callback_leaves_training_bit_identical(tmp_path, tiny_mt):
     """Same seed with and without the curve callback: the final weights must be identical (RNG, masks and mode
     restored; nothing of the curve leaks into training)."""
@@ -239,6 +285,39 @@ def test_hard_concrete_budget_reaches_the_target(tmp_path, tiny_mt):
     assert read_image_tags(tmp_path / "prunetrain" / "tensorboard")["prunetrain/gate_p_open"] == 4
 
 
+def test_hard_concrete_gates_join_training_at_start_step(tmp_path, tiny_mt):
+    """Before `start_step` the model trains without gates (bit-identical to a run without the callback) and the gates
+    do not move; after it they train to the budget and the final mask meets it."""
+    class Watch(TrainerCallback):
+        def __init__(self, gates_of):
+            self.gates_of, self.seen = gates_of, {}
+
+        def on_step_end(self, args, state, control, **kwargs):
+            gates = self.gates_of()
+            self.seen[state.global_step] = (gates.attached, torch.cat([p.detach().flatten().clone()
+                                                                        for p in gates.parameters()]))
+
+    model, plain = _marian(tiny_mt[2]), _marian(tiny_mt[2])
+    callback = HardConcreteCallback(target_heads=8, gate_lr=0.1, lagrangian_lr=0.1, start_step=8, finalize="none")
+    watch = Watch(lambda: callback.gates)
+    snapshot, plain_snapshot = (_Snapshot(lambda m: dict(m.named_parameters()), epoch=1) for _ in range(2))
+    _seq2seq_trainer(tmp_path / "a", tiny_mt, [callback, watch, snapshot], epochs=3, model=model).train()
+    _seq2seq_trainer(tmp_path / "b", tiny_mt, [plain_snapshot], epochs=3, model=plain).train()
+    # epoch 1 = steps 1..8: the same weights as without gates; the gates attach at the end of step 8
+    for name, weight in plain_snapshot.weights.items():
+        assert torch.equal(snapshot.weights[name], weight), name
+    assert [step for step, (attached, _) in sorted(watch.seen.items()) if attached] == list(range(8, 25))
+    start = watch.seen[1][1]  # log α as initialised (3 plus seeded noise)
+    assert all(torch.equal(values, start) for step, (_, values) in watch.seen.items() if step <= 8)
+    assert not torch.equal(watch.seen[24][1], start)  # they trained after joining
+    history = json.loads((tmp_path / "a" / "prunetrain" / "gates_history.json").read_text())
+    # no gate record before the gates exist in training; they join at the end of step 8, which ends epoch 1
+    assert [h["step"] for h in history] == [8, 16, 24]
+    assert callback.final_mask.num_kept == 8
+    with pytest.raises(ValueError, match=r"^start_step: -1 is not allowed; expected an integer >= 0"):
+        HardConcreteCallback(target_heads=8, start_step=-1)
+
+
 def test_voita_encoder_only_gating_with_frozen_decoder(tmp_path, tiny_mt):
     model = _marian(tiny_mt[2])
     decoder_before = copy.deepcopy(model.model.decoder.layers[0].self_attn.q_proj.weight.detach())
@@ -333,7 +412,7 @@ def _env():
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("mode", ["prune-mask", "prune-shrink", "gates"])
+@pytest.mark.parametrize("mode", ["prune-mask", "prune-shrink", "prune-mask-shrink", "gates"])
 def test_killed_and_resumed_run_ends_with_the_same_masks(tmp_path, multi30k_dir, mode):
     full, killed = tmp_path / "full", tmp_path / "killed"
     command = [sys.executable, str(TINY_SCRIPT), "--data", str(multi30k_dir), "--callback", mode]
@@ -356,6 +435,9 @@ def test_killed_and_resumed_run_ends_with_the_same_masks(tmp_path, multi30k_dir,
     b = json.loads((killed / "rank0_result.json").read_text())
     assert b["resumed_from"] is not None
     assert a["mask"] == b["mask"] and a["layout"] == b["layout"]
+    if mode == "prune-mask-shrink":  # killed on the model shrunk at step 32, resumed on it: 18 heads present, 12 kept
+        assert sum(len(s["heads"]) for s in b["layout"]["sites"]) == 18
+        assert sum(sum(v) for v in b["mask"]["sites"].values()) == 12
     if mode == "gates":
         for key in a["log_alpha"]:
             assert torch.allclose(torch.tensor(a["log_alpha"][key]), torch.tensor(b["log_alpha"][key]), atol=1e-5)

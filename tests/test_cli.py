@@ -152,27 +152,67 @@ def test_thin_commands_reject_bad_input(tmp_path, saved_translation_model, multi
 
 @pytest.mark.slow
 def test_smoke_recipe_runs_end_to_end(smoke_recipe_run):
+    """The main job's path in small: heads masked at step 10, more at 20 and the masked heads removed physically
+    there, training continued on the smaller model, masked again at 30 and shrunk at the end; test BLEU over training,
+    curves, importance points, benchmark against the full-size architecture, report."""
     out, result = smoke_recipe_run
     assert result.returncode == 0, result.stderr[-4000:]
     summary = json.loads(result.stdout)
-    assert summary["heads_kept"] == 12 and summary["heads_total"] == 24
+    assert (summary["heads_kept"], summary["heads_trained"], summary["heads_total"], summary["steps"]) == (12, 12, 24, 40)
+    assert summary["test_bleu"] == summary["test_bleu_trained"]
     results = json.loads((out / "results.json").read_text())
-    assert results["test_pruned"]["bleu"] == pytest.approx(results["test_masked"]["bleu"], abs=1e-9)
-    assert results["test_full"]["bleu_signature"].startswith("nrefs:1")
+    assert results["test_masked"] is None  # nothing pruned after training: the trained model is the final one
+    assert results["test_pruned"]["bleu_signature"].startswith("nrefs:1")
+    assert results["trained_name"] == "trained model (12 of 24 heads, pruned during training)"
+    assert [(e["step"], e["mode"], e["heads_after"]) for e in results["pruning_events"]] == [
+        (10, "mask", 18), (20, "mask", 15), (20, "shrink", 15), (30, "mask", 12)]
+    assert [(r["step"], r["heads"], r["kind"]) for r in results["bleu_over_training"]] == [
+        (20, 18, "scheduled"), (30, 15, "scheduled"), (40, 12, "final")]
+    times = [r["step_seconds"] for r in results["bleu_over_training"]]
+    assert 0 < times[0] < times[1] < times[2] == pytest.approx(60 * results["train_step_minutes"])
+    assert [(g["from_step"], g["to_step"], g["heads"]) for g in results["step_rate"]] == [(1, 20, 24), (21, 40, 15)]
+    assert results["kept_per_kind"] == {"encoder_self": 4, "decoder_self": 4, "cross": 4}
     report = (out / "report.md").read_text()
-    assert "Final results" in report and "Pruned-BLEU curves" in report
-    assert (out / "pruned" / "prunetrain_layout.json").is_file() and (out / "full" / "model.safetensors").is_file()
+    for heading in ("Final results", "Test BLEU over training", "Training speed between shrinks",
+                    "Pruning during training", "Pruned-BLEU curves", "Speed: original vs shrunk"):
+        assert f"## {heading}" in report, heading
+    assert "| full |" not in report and (out / "figures" / "training.png").is_file()
+    assert (out / "pruned" / "prunetrain_layout.json").is_file() and not (out / "full").exists()
     assert (out / "run_complete.json").is_file()  # written last: the run is finished
-    assert (out / "full" / "tokenizer.json").is_file() and (out / "pruned" / "tokenizer.json").is_file()
+    assert (out / "pruned" / "tokenizer.json").is_file()
     loaded = pt.load_pruned(out / "pruned")
     assert pt.find_heads(loaded).total_heads == 12
     curves = json.loads((out / "prunetrain" / "curves.json").read_text())
-    (entry,) = curves.values()  # curve_epochs [2]: 1000 pairs in batches of 50, so epoch 2 ends at step 40
+    (entry,) = curves.values()  # curve_steps [40]: 1000 pairs in batches of 50, so step 40 ends epoch 2
     assert (entry["step"], entry["epoch"], entry["label"]) == (40, 2.0, "step 40 (epoch 2.00)")
-    assert len(entry["curves"]["importance"]["points"]) == 4
-    assert json.loads((out / "prunetrain" / "importance_points.json").read_text())[-1]["step"] == 40
+    assert len(entry["curves"]["importance"]["points"]) == 3
+    points = json.loads((out / "prunetrain" / "importance_points.json").read_text())
+    assert [p["step"] for p in points] == [5, 10, 20, 30, 40]
+    bench = json.loads((out / "bench.json").read_text())
+    assert bench  # the full-size architecture against the final model
     assert results["time_cap"]["fired"] is False and results["time_cap"]["planned_steps"] == 40
     assert list((out / "runs").rglob("events.out.tfevents.*")) or list(out.rglob("events.out.tfevents.*"))
+
+
+@pytest.mark.slow
+def test_compare_puts_runs_side_by_side(smoke_recipe_run, tmp_path):
+    """`prunetrain compare`: equal steps and equal training time against the reference, the step rate per stretch,
+    the figure; an existing output directory and a directory without results are refused."""
+    out, result = smoke_recipe_run
+    assert result.returncode == 0, result.stderr[-4000:]
+    compared = run_cli("compare", out, out, "--names", "a,b", "--output", tmp_path / "cmp")
+    assert compared.returncode == 0, compared.stderr[-3000:]
+    data = json.loads((tmp_path / "cmp" / "compare.json").read_text())
+    assert [(e["step"], e["delta"]) for e in data["equal_steps"]] == [(20, 0.0), (30, 0.0), (40, 0.0)]
+    (same_time,) = data["equal_time"]
+    assert same_time["delta"] == pytest.approx(0.0) and same_time["reference"]["before"]["step"] == 40
+    assert "## Equal training time" in (tmp_path / "cmp" / "compare.md").read_text()
+    assert (tmp_path / "cmp" / "compare.png").is_file()
+    assert_user_error(cli("compare", out, out, "--names", "a,b", "--output", tmp_path / "cmp"),
+                      r"output: '.*cmp' already exists and is not empty")
+    assert_user_error(cli("compare", out, tmp_path, "--output", tmp_path / "new"),
+                      r"run: '.*' has no results.json")
+    assert not (tmp_path / "new").exists()
 
 
 def test_study_commands_write_json_and_figures(tmp_path, saved_translation_model, multi30k_dir):

@@ -134,10 +134,28 @@ def test_schedule_errors_come_before_training_starts(tmp_path, tiny_mt):
 
     with pytest.raises(ValueError, match=r"^pruning.schedule_steps: step 600 is after the last training step "
                                          r"\(train.max_steps=500\)"):
-        load_recipe("wmt-small-deen", ["train.max_steps=500", "pruning.schedule_steps={200: 0.25, 600: 0.5}"])
+        load_recipe("wmt-small-deen", ["train.max_steps=500", "pruning.schedule_steps={200: 0.25, 600: 0.5}",
+                                       "pruning.shrink_steps=[]"])
     with pytest.raises(ValueError, match=r"^pruning.schedule: epoch 13 is after the last training epoch"):
-        load_recipe("wmt-small-deen", ["pruning.schedule={0.5: 0.25, 13: 0.5}"])
-    recipe = load_recipe("wmt-small-deen", ["train.max_steps=500", "pruning.schedule={0.5: 0.25, 13: 0.5}"])
+        load_recipe("wmt-small-deen", ["train.max_steps=0", "pruning.schedule={0.5: 0.25, 13: 0.5}"])
+    # a shrink follows a pruning step of the step schedule; test BLEU points lie within the run
+    with pytest.raises(ValueError, match=r"^pruning.shrink_steps: 700 is not a step of pruning.schedule_steps "
+                                         r"\[400, 600, 800, 1000\]; a shrink follows a pruning step"):
+        load_recipe("wmt-small-deen", ["pruning.shrink_steps=[600, 700]"])
+    with pytest.raises(ValueError, match=r"^pruning.shrink_steps: \[600, 1000\] needs pruning.mode=mask"):
+        load_recipe("wmt-small-deen", ["pruning.mode=shrink"])
+    with pytest.raises(ValueError, match=r"^eval.test_steps: step 1650 is after the last training step "
+                                         r"\(train.max_steps=1600\)"):
+        load_recipe("wmt-small-deen", ["train.max_steps=1600"])
+    with pytest.raises(ValueError, match=r"^pruning.method: 'magic' is not one of 'importance', 'l0'"):
+        load_recipe("wmt-small-deen", ["pruning.method=magic"])
+    with pytest.raises(ValueError, match=r"^pruning.l0_start_step: 1800 is not before the last training step"):
+        load_recipe("wmt-small-deen", ["pruning.method=l0", "pruning.l0_start_step=1800"])
+    with pytest.raises(ValueError, match=r"^pruning.l0_target_heads: 200 is more than the model's 144 heads"):
+        load_recipe("wmt-small-deen", ["pruning.method=l0", "pruning.l0_target_heads=200"])
+    recipe = load_recipe("wmt-small-deen", ["train.max_steps=500", "pruning.schedule={0.5: 0.25, 13: 0.5}",
+                                            "pruning.schedule_steps={}", "pruning.shrink_steps=[]",
+                                            "eval.test_steps=[]"])
     assert recipe.pruning.schedule == {0.5: 0.25, 13.0: 0.5} and recipe.train.max_steps == 500
     # the recipe refuses the same mistakes, as one line on stderr with exit code 2
     result = run_cli("recipe", "wmt-small-deen", "--set", "pruning.schedule={2: 0.25, 1: 0.5}", "--show")

@@ -231,6 +231,25 @@ def test_padded_export_loads_with_plain_from_pretrained_and_computes_the_same(fa
             assert torch.equal(plain.generate(**generate_kwargs(family)), model.generate(**generate_kwargs(family)))
 
 
+def test_padded_and_uniform_exports_keep_the_generation_settings(tmp_path):
+    """A model saved after Trainer training has `use_cache: false` in config.json and `true` in its generation config;
+    an export that rebuilt the generation config from config.json would generate without the KV cache (same
+    outputs, several times slower)."""
+    model = shrunk("marian")
+    model.config.use_cache = False
+    model.generation_config.use_cache = True
+    model.generation_config.num_beams = 3
+    for fmt in ("padded", "remote-code"):
+        export(model, tmp_path / fmt, fmt)
+        saved = json.loads((tmp_path / fmt / "generation_config.json").read_text())
+        assert saved["use_cache"] is True and saved["num_beams"] == 3, fmt
+    llama = tiny_model("llama")
+    pt.shrink(llama, _uniform_mask(llama, keep=(2, 3)))
+    llama.config.use_cache, llama.generation_config.use_cache = False, True
+    export(llama, tmp_path / "uniform", "uniform")
+    assert json.loads((tmp_path / "uniform" / "generation_config.json").read_text())["use_cache"] is True
+
+
 def _uniform_mask(model, keep):
     layout = pt.find_heads(model)
     return pt.HeadMask.from_heads(model, {s.name: [h for h in range(s.num_heads) if h not in keep] for s in layout})

@@ -23,8 +23,16 @@ def _one_line_error(result, pattern):
 
 
 @pytest.fixture(scope="module")
-def sweep_run(smoke_recipe_run, multi30k_dir, tmp_path_factory):
-    source, made = smoke_recipe_run
+def full_smoke_run(multi30k_dir, tmp_path_factory):
+    """The sweep's source: the smoke preset with pruning off (a converged full model in `full/`)."""
+    source = tmp_path_factory.mktemp("smoke-full") / "smoke"
+    return source, run_cli("recipe", "wmt-small-deen", "--smoke", "--set", "pruning.schedule_steps={}", "--set",
+                           "pruning.shrink_steps=[]", "--data-dir", multi30k_dir, "--output", source)
+
+
+@pytest.fixture(scope="module")
+def sweep_run(full_smoke_run, multi30k_dir, tmp_path_factory):
+    source, made = full_smoke_run
     assert made.returncode == 0, made.stderr[-3000:]
     out = tmp_path_factory.mktemp("l0") / "sweep"
     result = run_cli("recipe", "wmt-small-deen-l0", "--smoke", "--set", f"source={source}", "--data-dir",
@@ -122,7 +130,8 @@ def test_sweep_recipe_validation(tmp_path, multi30k_dir):
         recipe_from_dict({"kind": "nope"})
     missing = tmp_path / "no-run"
     _one_line_error(run_cli("recipe", "wmt-small-deen-l0", "--set", f"source={missing}", "--output", tmp_path / "o"),
-                    r"source: '.*no-run' holds no trained model .* run `prunetrain recipe wmt-small-deen` first")
+                    r"source: '.*no-run' holds no trained model .* run the full model first "
+                    r"\(`prunetrain recipe wmt-small-deen --set 'pruning.schedule_steps=\{\}'")
     assert not (tmp_path / "o").exists()  # nothing written before the inputs are checked
 
 

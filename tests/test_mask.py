@@ -121,6 +121,20 @@ def test_attach_detach_restores_the_model_exactly():
         assert torch.equal(model(**inputs).logits, before)
 
 
+def test_detaching_an_equal_copy_leaves_the_original_attached():
+    """Masks compare equal by value; the registry of attached masks must go by identity, or detaching a copy (as the
+    curve callback does with the combined training mask) would drop the original and strand its hooks."""
+    model = tiny_model("bart")
+    mask = random_mask(model, seed=2).attach(model)
+    copy_of_it = mask.copy()
+    assert copy_of_it == mask
+    with copy_of_it.applied(model):
+        assert len(pt.attached_masks(model)) == 2
+    assert len(pt.attached_masks(model)) == 1 and pt.attached_masks(model)[0] is mask and mask.attached
+    pt.shrink(model, mask)  # the original's hooks are owned: shrink accepts the model
+    assert pt.attached_masks(model) == [] and pt.find_heads(model).total_heads == mask.num_kept
+
+
 def test_mask_changes_take_effect_while_attached():
     model = tiny_model("gpt2")
     inputs = tiny_inputs("gpt2")

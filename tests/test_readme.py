@@ -31,7 +31,7 @@ def block(containing: str) -> str:
 
 def test_every_python_block_is_exercised():
     blocks = python_blocks()
-    assert len(blocks) == 2, "a new README python block needs a namespace and checks in tests/test_readme.py"
+    assert len(blocks) == 3, "a new README python block needs a namespace and checks in tests/test_readme.py"
     assert all(any(key in b for key in ("Seq2SeqTrainer(", "pt.find_heads(")) for b in blocks)
 
 
@@ -75,7 +75,7 @@ def test_the_trainer_example(tmp_path, multi30k_dir):
     namespace = {"Seq2SeqTrainer": Seq2SeqTrainer, "model": model, "args": args,
                  "train": build_dataset(pairs, tok, max_length=24), "collator": make_collator(tok, model),
                  "tok": tok, "dev_pairs": read_parallel(multi30k_dir, "valid", limit=4)}
-    exec(compile(block("Seq2SeqTrainer("), "README.md", "exec"), namespace)
+    exec(compile(block("PruningCurveCallback(at_epochs"), "README.md", "exec"), namespace)
     out = tmp_path / "run" / "prunetrain"
     # 32 pairs in batches of 16: 2 steps per epoch; files and curves are keyed by global step, labelled with the epoch
     assert {p.name for p in out.glob("importance_step*.json")} >= {f"importance_step{2 * e}_epoch{e}.00.json"
@@ -84,3 +84,31 @@ def test_the_trainer_example(tmp_path, multi30k_dir):
     assert [(c["step"], c["epoch"]) for c in curves.values()] == [(2, 1.0), (4, 2.0), (10, 5.0), (20, 10.0)]
     # the schedule {5: 0.2, 8: 0.4} masked 40 % of the 24 heads by the end
     assert pt.HeadMask.from_json(out / "final_mask.json", model).num_kept == 24 - 10
+
+
+@pytest.mark.slow
+def test_the_mask_then_shrink_example(tmp_path, multi30k_dir):
+    """The README's schedule as written (masks at 450 and 950, shrinks at 700 and 1200) on a tiny model."""
+    from transformers import MarianMTModel, Seq2SeqTrainer, Seq2SeqTrainingArguments
+
+    from prunetrain.mt.data import build_dataset, make_collator, marian_config, read_parallel, train_tokenizer
+
+    pairs = read_parallel(multi30k_dir, "train", limit=32)
+    tok = train_tokenizer(pairs, vocab_size=300)
+    torch.manual_seed(0)
+    model = MarianMTModel(marian_config(tok, d_model=32, ffn_dim=64, layers=2, heads=4, dropout=0.0))
+    args = Seq2SeqTrainingArguments(output_dir=str(tmp_path / "run"), max_steps=1250, per_device_train_batch_size=16,
+                                    use_cpu=True, report_to=[], save_strategy="no", disable_tqdm=True,
+                                    logging_strategy="no")
+    namespace = {"Seq2SeqTrainer": Seq2SeqTrainer, "model": model, "args": args,
+                 "train": build_dataset(pairs, tok, max_length=24), "collator": make_collator(tok, model),
+                 "tok": tok, "test_pairs": read_parallel(multi30k_dir, "test", limit=4)}
+    exec(compile(block("MetricPointsCallback("), "README.md", "exec"), namespace)
+    clock, pruning = namespace["clock"], namespace["pruning"]
+    assert [(e["step"], e["mode"], e["heads_after"]) for e in pruning.events] == [
+        (450, "mask", 18), (700, "mask", 12), (700, "shrink", 12), (950, "mask", 9), (1200, "mask", 6),
+        (1200, "shrink", 6)]
+    assert pt.find_heads(model).total_heads == 6
+    assert [(r["step"], r["heads"]) for r in clock.records] == [(600, 18), (1200, 9)]
+    assert [(g["from_step"], g["to_step"], g["heads"]) for g in clock.segments] == [
+        (1, 700, 24), (701, 1200, 12), (1201, 1250, 6)]

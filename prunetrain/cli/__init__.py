@@ -159,10 +159,28 @@ def recipe(
 
     with contextlib.redirect_stdout(sys.stderr):  # the Trainer prints its logs: stdout carries only the JSON
         results = run_recipe(config, out, **run_kwargs)
-    summary = {"output": str(out), "test_bleu_full": results["test_full"]["bleu"],
-               "test_bleu_pruned": results["test_pruned"]["bleu"], "heads_kept": results["heads_kept"],
-               "heads_total": results["heads_total"], "train_minutes": round(results["train_minutes"], 2)}
+    summary = {"output": str(out), "test_bleu": results["test_pruned"]["bleu"],
+               "test_bleu_trained": results["test_full"]["bleu"], "heads_trained": results["heads_trained"],
+               "heads_kept": results["heads_kept"], "heads_total": results["heads_total"],
+               "steps": results["steps"], "train_minutes": round(results["train_minutes"], 2),
+               "train_step_minutes": round(results["train_step_minutes"], 2)}
     _emit(summary, None)
+
+
+@app.command()
+def compare(
+    runs: List[Path] = typer.Argument(..., help="Finished recipe run directories; the first is the reference."),
+    output: Path = typer.Option(..., help="New directory for compare.md, compare.json and compare.png."),
+    names: Optional[str] = typer.Option(None, help="Comma-separated run names (default: the directory names)."),
+):
+    """Recipe runs side by side: BLEU at equal steps and at equal training time, speed, heads (e.g. pruning during
+    training vs pruning off)."""
+    from prunetrain.mt.compare import comparison_markdown, write_comparison
+
+    labels = [n.strip() for n in names.split(",")] if names else None
+    result = write_comparison(runs, output, labels)
+    typer.echo(comparison_markdown(result), err=True)
+    _emit({"output": str(output), "equal_steps": result["equal_steps"], "equal_time": result["equal_time"]}, None)
 
 
 def _smoke_overrides(name: str) -> list[str]:

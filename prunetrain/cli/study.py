@@ -37,7 +37,7 @@ study_app = typer.Typer(cls=_StudyGroup, add_completion=False, no_args_is_help=T
 app.add_typer(study_app, name="study")
 
 ALL_FRACTIONS = "0,0.1,0.2,0.3,0.4,0.5,0.6,0.7,0.8,0.9"
-MODEL_HELP = "A saved translation model directory (with its tokenizer), e.g. checkpoints/wmt-small-deen/full."
+MODEL_HELP = "A saved translation model directory (with its tokenizer), e.g. checkpoints/wmt-small-deen-full/full."
 OUTPUT_HELP = "Directory for the JSON, PNG and TensorBoard results (default study/<study>); re-run to resume."
 
 # shared options (typer reads the defaults' metadata, so each command lists them again through these objects)

@@ -186,8 +186,7 @@ class HeadMask:
         self._handles = []
         if self._model_ref is not None:
             masks = _attached_masks(self._model_ref)
-            if self in masks:
-                masks.remove(self)
+            masks[:] = [m for m in masks if m is not self]  # by identity: an equal copy may be attached too
         self._model_ref = None
 
     @contextlib.contextmanager

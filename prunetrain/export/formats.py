@@ -7,6 +7,7 @@ source directory that are not model files (tokenizer, recipe, ...) are copied al
 
 from __future__ import annotations
 
+import copy
 import os
 import shutil
 import tempfile
@@ -150,6 +151,8 @@ def _write(model: nn.Module, out: Path, fmt: str) -> float:
 
         exported = padded_model(model)
     diff = verify(exported, model, fmt, TOLERANCE[fmt])
+    if model.can_generate():  # the source's generation settings (a config saved by a Trainer says use_cache=False,
+        exported.generation_config = copy.deepcopy(model.generation_config)  # its generation config says True)
     exported.save_pretrained(out)
     return diff
 

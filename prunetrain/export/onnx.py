@@ -269,7 +269,7 @@ class OrtGenerator:
         self.outputs = [o.name for o in self.decoder.get_outputs()]
 
     def greedy(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, max_new_tokens: int,
-               decoder_start_token_id: int | None = None) -> torch.Tensor:
+               decoder_start_token_id: int | None = None, suppress_tokens=()) -> torch.Tensor:
         """Prompt + new tokens (decoder-only) or decoder start + new tokens (encoder-decoder), as `generate`.
 
         Args:
@@ -278,6 +278,7 @@ class OrtGenerator:
             attention_mask: `[batch, length]`.
             max_new_tokens: tokens to generate.
             decoder_start_token_id: first decoder token of an encoder-decoder (its config's).
+            suppress_tokens: token ids never chosen (as `generate(suppress_tokens=...)`).
         """
         import numpy as np
 
@@ -297,7 +298,11 @@ class OrtGenerator:
             feeds = ({"decoder_input_ids": ids, "encoder_hidden_states": hidden, "encoder_attention_mask": mask}
                      if self.encoder is not None else {"input_ids": ids, "attention_mask": mask})
             got = self.decoder.run(self.outputs, {**feeds, **past})
-            ids = got[0][:, -1].argmax(-1)[:, None].astype(np.int64)
+            logits = got[0][:, -1]
+            if len(suppress_tokens):
+                logits = logits.copy()
+                logits[:, list(suppress_tokens)] = -np.inf
+            ids = logits.argmax(-1)[:, None].astype(np.int64)
             tokens.append(ids)
             past = dict(zip(self.names[self.fixed:], got[1:]))
             if self.encoder is None:
@@ -335,6 +340,9 @@ def _run_isolated(fn) -> str | None:
         # parent's worker threads (seen: the exporter hung after the parent had run a 2-thread forward). One thread
         # keeps every region on this thread.
         torch.set_num_threads(1)
+        import faulthandler
+
+        faulthandler.disable()  # a crash here is reported by the parent in one line, not as a stack dump
         quiet = os.open(os.devnull, os.O_WRONLY)  # the exporter prints whole graphs with its errors
         os.dup2(quiet, 1)
         os.dup2(quiet, 2)

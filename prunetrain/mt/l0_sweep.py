@@ -48,7 +48,9 @@ def source_model_dir(source: str | Path) -> Path:
         if (candidate / "config.json").is_file():
             return candidate
     raise ValueError(f"source: {str(source)!r} holds no trained model (no full/config.json or config.json); run "
-                     f"`prunetrain recipe wmt-small-deen` first or pass --set source=<run directory>.")
+                     f"the full model first (`prunetrain recipe wmt-small-deen --set 'pruning.schedule_steps={{}}' "
+                     f"--set 'pruning.shrink_steps=[]' --output checkpoints/wmt-small-deen-full`) or pass "
+                     f"--set source=<run directory>.")
 
 
 def _newest_trainer_state(source: str | Path) -> dict | None:

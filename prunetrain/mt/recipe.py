@@ -27,6 +27,7 @@ PRECISIONS = ("auto", "bf16", "fp32")
 ATTN_IMPLEMENTATIONS = ("eager", "sdpa", "flex_attention", "flash_attention_2")
 SCOPES = ("global", "layer", "kind")
 MODES = ("mask", "shrink")
+METHODS = ("importance", "l0")
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
 
 
@@ -152,6 +153,14 @@ class PruningConfig:
     # fraction}; epochs may be fractional ({0.5: 0.25, 1.5: 0.5})
     schedule_steps: dict[int, float] = field(default_factory=dict)  # the same, keyed by global step
     mode: str = "mask"  # during-training pruning: mask | shrink
+    shrink_steps: list[int] = field(default_factory=list)  # mode mask: steps of schedule_steps at which the heads
+    # masked so far are removed physically (optimizer state sliced): masks first, then a mid-training shrink
+    method: str = "importance"  # importance: Michel et al. scores + schedule; l0: Hard-Concrete gates (Voita §6)
+    l0_target_heads: int = 36  # method l0: the head budget the gates are trained to (a Lagrangian on E[L0])
+    l0_gate_lr: float = 0.1
+    l0_lagrangian_lr: float = 0.05
+    l0_init_log_alpha: float = 3.0
+    l0_start_step: int = 600  # the gates join training after this step (from step 0 they close heads too early)
     final_fraction: float = 0.5  # pruned by importance after training, then shrunk
     scope: str = "global"  # global | layer | kind
     min_heads_per_layer: int = 1
@@ -173,6 +182,20 @@ class PruningConfig:
                 raise ValueError(f"pruning.{key}: {table!r} is not allowed; fractions are cumulative, so they must "
                                  f"not decrease from one {unit} to the next.")
         check_choice("pruning.mode", self.mode, MODES)
+        check_step_points("pruning.shrink_steps", self.shrink_steps)
+        for step in self.shrink_steps:
+            if step not in self.schedule_steps:
+                raise ValueError(f"pruning.shrink_steps: {step} is not a step of pruning.schedule_steps "
+                                 f"{sorted(self.schedule_steps)}; a shrink follows a pruning step.")
+        if self.shrink_steps and self.mode != "mask":
+            raise ValueError(f"pruning.shrink_steps: {self.shrink_steps} needs pruning.mode=mask (mode "
+                             f"{self.mode!r} already shrinks at every pruning step).")
+        check_choice("pruning.method", self.method, METHODS)
+        check_int("pruning.l0_target_heads", self.l0_target_heads, 1)
+        _check_number("pruning.l0_gate_lr", self.l0_gate_lr, 0.0, low_open=True)
+        _check_number("pruning.l0_lagrangian_lr", self.l0_lagrangian_lr, 0.0, low_open=True)
+        _check_number("pruning.l0_init_log_alpha", self.l0_init_log_alpha, -20.0, 20.0)
+        check_int("pruning.l0_start_step", self.l0_start_step, 0)
         check_fraction("pruning.final_fraction", self.final_fraction)
         check_choice("pruning.scope", self.scope, SCOPES)
         check_int("pruning.min_heads_per_layer", self.min_heads_per_layer, 0)
@@ -181,6 +204,8 @@ class PruningConfig:
 @dataclass
 class EvalConfig:
     num_beams: int = 4  # final BLEU (curves use greedy decoding)
+    test_steps: list[int] = field(default_factory=list)  # test BLEU (num_beams) during training, at these steps,
+    # stamped with the training-step time spent to reach them (the BLEU-vs-time curve)
     test_limit: int = 0  # score only the first N test sentences (0: all)
     batch_size: int = 50
     curve_batch_size: int = 100
@@ -191,6 +216,7 @@ class EvalConfig:
         for key, minimum in (("num_beams", 1), ("test_limit", 0), ("batch_size", 1), ("curve_batch_size", 1),
                              ("bench_repeats", 1)):
             check_int(f"eval.{key}", getattr(self, key), minimum)
+        check_step_points("eval.test_steps", self.test_steps)
 
 
 @dataclass
@@ -220,6 +246,16 @@ class Recipe:
         if late:
             raise ValueError(f"pruning.schedule: epoch {late[0]:g} is after the last training epoch "
                              f"(train.epochs={self.train.epochs}); that pruning step would never happen.")
+        total = 3 * m.layers * m.heads
+        if p.method == "l0" and p.l0_target_heads > total:
+            raise ValueError(f"pruning.l0_target_heads: {p.l0_target_heads} is more than the model's {total} heads.")
+        if p.method == "l0" and self.train.max_steps and p.l0_start_step >= self.train.max_steps:
+            raise ValueError(f"pruning.l0_start_step: {p.l0_start_step} is not before the last training step "
+                             f"(train.max_steps={self.train.max_steps}); the gates would never train.")
+        late_tests = [s for s in self.eval.test_steps if self.train.max_steps and s > self.train.max_steps]
+        if late_tests:
+            raise ValueError(f"eval.test_steps: step {late_tests[0]} is after the last training step "
+                             f"(train.max_steps={self.train.max_steps}); that evaluation would never happen.")
         self._check_reachable("pruning.final_fraction", [p.final_fraction])
         self._check_reachable("pruning.curve_fractions", p.curve_fractions)
         self._check_reachable("pruning.schedule", list(p.schedule.values()))
@@ -482,7 +518,7 @@ class GateSweepRecipe:
     kind: str = "l0-sweep"
     name: str = "custom-l0"
     description: str = ""
-    source: str = "checkpoints/wmt-small-deen"  # a finished translation recipe run (its full/ model and recipe.yaml)
+    source: str = "checkpoints/wmt-small-deen-full"  # a finished translation run with pruning off (full/, recipe.yaml)
     data: DataConfig = field(default_factory=DataConfig)
     train: GateTrainConfig = field(default_factory=GateTrainConfig)
     sweep: SweepConfig = field(default_factory=SweepConfig)
@@ -492,7 +528,7 @@ class GateSweepRecipe:
         _check_header(self, "l0-sweep")
         if not self.source.strip():
             raise ValueError("source: an empty string; give a finished translation run directory "
-                             "(e.g. source=checkpoints/wmt-small-deen).")
+                             "(e.g. source=checkpoints/wmt-small-deen-full).")
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)

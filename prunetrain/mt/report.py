@@ -1,5 +1,6 @@
-"""`report.md` for a recipe run: per-epoch pruned-BLEU curves, importance heatmaps, final BLEU of the full and the
-pruned model, and the measured speedup (all read from the run directory's JSON files)."""
+"""`report.md` for a recipe run: final BLEU of the model training produced (and of a model pruned after it), test BLEU
+over training time, the step rate between shrinks, pruning events per kind, pruned-BLEU curves and importance per
+point, Spearman ρ between points, and the measured speed-up (all read from the run's JSON files)."""
 
 from __future__ import annotations
 
@@ -103,19 +104,13 @@ def write_report(run: str | Path, results: dict) -> Path:
         recipe.get("description", "").strip(),
         "",
         f"Model as run: {recipe['model']['layers']}+{recipe['model']['layers']} layers, {recipe['model']['heads']} "
-        f"heads per attention, d_model {recipe['model']['d_model']}, FFN {recipe['model']['ffn_dim']}; "
-        f"{recipe['train']['epochs']} epochs planned, precision {recipe['train']['precision']}.",
+        f"heads per attention, d_model {recipe['model']['d_model']}, FFN {recipe['model']['ffn_dim']}; " +
+        (f"{recipe['train']['max_steps']} optimizer steps" if recipe['train'].get('max_steps') else
+         f"{recipe['train']['epochs']} epochs") + f" planned, precision {recipe['train']['precision']}.",
         "",
         "## Final results (test split)",
         "",
-        "| model | heads | BLEU | chrF | sentences/s |",
-        "|---|---|---|---|---|",
-        f"| full | {results['heads_total']} | {full['bleu']:.2f} | {full['chrf']:.2f} | "
-        f"{full['sentences_per_second']:.1f} |",
-        f"| masked ({results['heads_total'] - results['heads_kept']} heads zeroed) | {results['heads_kept']} | "
-        f"{masked['bleu']:.2f} | {masked['chrf']:.2f} | {masked['sentences_per_second']:.1f} |",
-        f"| shrunk (heads removed) | {results['heads_kept']} | {pruned['bleu']:.2f} | {pruned['chrf']:.2f} | "
-        f"{pruned['sentences_per_second']:.1f} |",
+        *_final_table(results),
         "",
         f"Heads kept per kind: {results['kept_per_kind']}. Decoding: beam {full['num_beams']}, batch "
         f"{full['batch_size']}, bf16 autocast {full['autocast_bf16']}. Sentences/s is each test decode's own "
@@ -128,6 +123,7 @@ def write_report(run: str | Path, results: dict) -> Path:
         "",
         *_points_lines(results),
         "",
+        *_training_time_lines(run, results),
         "## Pruned-BLEU curves per point (validation subset, greedy; Michel et al. 2019 §6)",
         "",
         *_curve_table(run),
@@ -147,6 +143,112 @@ def write_report(run: str | Path, results: dict) -> Path:
     path = run / "report.md"
     path.write_text("\n".join(lines))
     return path
+
+
+def _final_table(results: dict) -> list[str]:
+    """One row for the model training produced (called "full" only when it has every head), and when heads were
+    pruned after training, the masked and the shrunk model."""
+    full, masked, pruned = results["test_full"], results.get("test_masked"), results["test_pruned"]
+    trained_heads = results.get("heads_trained", results["heads_total"])
+    name = results.get("trained_name") or "full model"
+    lines = ["| model | heads | BLEU | chrF | sentences/s |", "|---|---|---|---|---|",
+             f"| {name} | {trained_heads} | {full['bleu']:.2f} | {full['chrf']:.2f} | "
+             f"{full['sentences_per_second']:.1f} |"]
+    if masked:
+        lines += [f"| masked after training ({trained_heads - results['heads_kept']} more heads zeroed) | "
+                  f"{results['heads_kept']} | {masked['bleu']:.2f} | {masked['chrf']:.2f} | "
+                  f"{masked['sentences_per_second']:.1f} |",
+                  f"| shrunk (heads removed) | {results['heads_kept']} | {pruned['bleu']:.2f} | {pruned['chrf']:.2f} "
+                  f"| {pruned['sentences_per_second']:.1f} |"]
+    return lines
+
+
+def _training_time_lines(run: Path, results: dict) -> list[str]:
+    """BLEU over training (test split, at eval.test_steps and the end) against training-step time, the step rate of
+    every stretch between shrinks, and the heads per kind after each pruning event; figures beside them."""
+    records = results.get("bleu_over_training") or []
+    segments = results.get("step_rate") or []
+    events = results.get("pruning_events") or []
+    lines = []
+    if records:
+        lines += ["## Test BLEU over training", "",
+                  "Training time counts the optimizer steps only (forward, backward, update); evaluations, importance "
+                  "passes and checkpoints are outside it (wall time beside it).", "",
+                  "| step | epoch | heads | parameters | BLEU | training min | wall min |", "|---|---|---|---|---|---|---|"]
+        for r in records:
+            epoch = "" if r.get("epoch") is None else f"{r['epoch']:.2f}"
+            lines.append(f"| {r['step']}{' (final)' if r.get('kind') == 'final' else ''} | {epoch} | {r['heads']} | "
+                         f"{r['parameters'] / 1e6:.2f} M | {r['bleu']:.2f} | {r['step_seconds'] / 60:.1f} | "
+                         f"{r['wall_seconds'] / 60:.1f} |")
+        lines.append("")
+    if segments:
+        lines += ["## Training speed between shrinks", "", "| steps | heads | parameters | steps/s |",
+                  "|---|---|---|---|"]
+        for g in segments:
+            rate = g.get("steps_per_second")
+            lines.append(f"| {g['from_step']}–{g['to_step']} | {g['heads']} | {g['parameters'] / 1e6:.2f} M | "
+                         f"{rate:.3f} |" if rate else f"| {g['from_step']}–{g['to_step']} | {g['heads']} | | |")
+        lines.append("")
+    if events:
+        kinds = list(events[0]["per_kind_before"])
+        lines += ["## Pruning during training", "", "| step | epoch | action | heads | " + " | ".join(kinds) + " |",
+                  "|---|---|---|---|" + "---|" * len(kinds)]
+        for e in events:
+            action = "shrink (masked heads removed)" if e["mode"] == "shrink" and e.get("amount") is None else (
+                f"prune to {e['amount']} [{e['mode']}]")
+            lines.append(f"| {e['step']} | {e['epoch']:.2f} | {action} | {e['heads_before']} → {e['heads_after']} | "
+                         + " | ".join(str(e["per_kind_after"].get(k, 0)) for k in kinds) + " |")
+        lines.append("")
+    figure = training_figure(run, results)
+    if figure:
+        lines += [f"![BLEU over training time and heads per kind]({figure})", ""]
+    return lines
+
+
+def training_figure(run: Path, results: dict, others: dict | None = None) -> str | None:
+    """BLEU against training-step minutes (this run and `others`: {label: results}) and heads per kind against
+    steps; written to `figures/training.png`, returned relative to `run` (None without BLEU records)."""
+    from prunetrain.utils.plots import pyplot
+
+    runs = {results.get("trained_name") or "this run": results, **(others or {})}
+    if not any(r.get("bleu_over_training") for r in runs.values()):
+        return None
+    plt = pyplot()
+    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4))
+    for name, r in runs.items():
+        records = r.get("bleu_over_training") or []
+        left.plot([x["step_seconds"] / 60 for x in records], [x["bleu"] for x in records], marker="o", label=name)
+    left.set_xlabel("training time (min of optimizer steps)")
+    left.set_ylabel("test BLEU")
+    left.legend(fontsize=8)
+    left.grid(alpha=0.3)
+    for name, r in runs.items():
+        heads = _heads_per_kind_trace(r)
+        for kind, trace in heads.items():
+            right.step([s for s, _ in trace], [n for _, n in trace], where="post", label=f"{kind} ({name})"
+                       if len(runs) > 1 else kind)
+    right.set_xlabel("global step")
+    right.set_ylabel("heads")
+    right.legend(fontsize=7)
+    right.grid(alpha=0.3)
+    path = run / "figures" / "training.png"
+    save_figure(fig, path)
+    return str(path.relative_to(run))
+
+
+def _heads_per_kind_trace(results: dict) -> dict[str, list[tuple[int, int]]]:
+    """(step, heads) per kind from step 0 to the last step, from the pruning events (final layout at the end)."""
+    per_kind = results.get("kept_per_kind") or {}
+    events = results.get("pruning_events") or []
+    start = events[0]["per_kind_before"] if events else per_kind
+    last = int(results.get("steps") or 0)
+    trace = {k: [(0, v)] for k, v in start.items()}
+    for e in events:
+        for k, v in e["per_kind_after"].items():
+            trace.setdefault(k, [(0, v)]).append((e["step"], v))
+    for k, v in per_kind.items():
+        trace.setdefault(k, [(0, v)]).append((max(last, trace[k][-1][0]), v))
+    return trace
 
 
 def _bench_table(bench: dict) -> str:

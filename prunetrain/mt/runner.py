@@ -114,21 +114,34 @@ def beyond_epochs(recipe: Recipe) -> dict[str, list[float]]:
     return {k: v for k, v in out.items() if v}
 
 
-def make_callbacks(recipe: Recipe, inputs: RunInputs) -> tuple[list, TimeCapCallback]:
-    """Importance (and scheduled pruning) and pruned-BLEU curves at their points, and the time cap (a guard)."""
+def make_callbacks(recipe: Recipe, inputs: RunInputs) -> tuple[list, TimeCapCallback, object]:
+    """The training clock with test BLEU at `eval.test_steps` (first, so it times the steps alone), importance (and
+    scheduled pruning, or Hard-Concrete gates with `pruning.method: l0`) and pruned-BLEU curves at their points, and
+    the time cap (a guard). Returns (callbacks, time cap, clock)."""
     from prunetrain.mt.metrics import bleu_metric
-    from prunetrain.training.callbacks import HeadPruningCallback, PruningCurveCallback
+    from prunetrain.training.callbacks import HardConcreteCallback, HeadPruningCallback, PruningCurveCallback
+    from prunetrain.training.metric_points import MetricPointsCallback
 
-    p, t = recipe.pruning, recipe.train
+    p, t, ev = recipe.pruning, recipe.train, recipe.eval
     late = beyond_epochs(recipe)  # listed by run_recipe, never silently dropped
     epochs = [e for e in p.importance_epochs if e not in late.get("importance_epochs", [])]
     curve_epochs = [e for e in p.curve_epochs if e not in late.get("curve_epochs", [])]
     if not epochs and not p.importance_steps and not t.max_steps:
         epochs = [float(t.epochs)]
-    pruning = HeadPruningCallback(at_epochs=epochs, at_steps=p.importance_steps, prune=p.schedule or None,
-                                  prune_steps=p.schedule_steps or None, mode=p.mode, scope=p.scope,
+    clock = MetricPointsCallback(bleu_metric(inputs.tokenizer, inputs.test_pairs, batch_size=ev.batch_size,
+                                             num_beams=ev.num_beams, autocast_bf16=inputs.bf16),
+                                 at_steps=ev.test_steps, metric_key="bleu", record_end=False)
+    l0 = p.method == "l0"
+    pruning = HeadPruningCallback(at_epochs=epochs, at_steps=p.importance_steps,
+                                  prune=None if l0 else p.schedule or None,
+                                  prune_steps=None if l0 else p.schedule_steps or None, mode=p.mode,
+                                  shrink_steps=() if l0 else p.shrink_steps, scope=p.scope,
                                   min_heads_per_layer=p.min_heads_per_layer, batches=inputs.importance_batches)
-    callbacks = [pruning]
+    callbacks = [clock, pruning]
+    if l0:
+        callbacks.append(HardConcreteCallback(target_heads=p.l0_target_heads, gate_lr=p.l0_gate_lr,
+                                              lagrangian_lr=p.l0_lagrangian_lr, init_log_alpha=p.l0_init_log_alpha,
+                                              seed=t.seed, start_step=p.l0_start_step, finalize="shrink"))
     if curve_epochs or p.curve_steps:
         metric = bleu_metric(inputs.tokenizer, inputs.curve_pairs, batch_size=recipe.eval.curve_batch_size,
                              autocast_bf16=inputs.bf16)
@@ -137,8 +150,8 @@ def make_callbacks(recipe: Recipe, inputs: RunInputs) -> tuple[list, TimeCapCall
             fractions=p.curve_fractions, relative=p.curve_relative, importance_batches=inputs.importance_batches,
             order="both" if p.curve_random_baseline else "importance", scope=p.scope,
             min_heads_per_layer=p.min_heads_per_layer))
-    time_cap = TimeCapCallback(t.max_minutes, watch=list(callbacks))
-    return callbacks + [time_cap], time_cap
+    time_cap = TimeCapCallback(t.max_minutes, watch=[c for c in callbacks if hasattr(c, "expect_end")])
+    return callbacks + [time_cap], time_cap, clock
 
 
 def train(recipe: Recipe, model, inputs: RunInputs, out_dir: Path, callbacks: list, *, resume: bool):
@@ -169,10 +182,25 @@ def train(recipe: Recipe, model, inputs: RunInputs, out_dir: Path, callbacks: li
     return trainer.model
 
 
+def original_heads(recipe: Recipe) -> int:
+    """Heads of the recipe's model before any pruning (3 attention kinds × layers × heads)."""
+    return 3 * recipe.model.layers * recipe.model.heads
+
+
+def trained_name(recipe: Recipe, heads: int) -> str:
+    """How the model that training produced is called in logs and the report: "full model" only when it still
+    has every head."""
+    total = original_heads(recipe)
+    return "full model" if heads == total else f"trained model ({heads} of {total} heads, pruned during training)"
+
+
 def prune_and_evaluate(recipe: Recipe, model, inputs: RunInputs, progress: Callable[[str], None]) -> dict:
-    """Make training-time masks physical, prune `pruning.final_fraction` of the heads by importance, shrink a copy,
-    and score the full, masked and shrunk models on the test pairs (masked and shrunk must agree)."""
-    from prunetrain.engine.mask import attached_masks
+    """Make training-time masks physical, score the trained model on the test pairs, and with
+    `pruning.final_fraction > 0` prune that share of the heads by importance, shrink a copy and score the masked and
+    the shrunk model too (they must agree). With `final_fraction: 0` the trained model is the final one (decoded
+    once)."""
+    from prunetrain.engine.heads import find_heads
+    from prunetrain.engine.mask import HeadMask, attached_masks
     from prunetrain.engine.shrink import shrink
     from prunetrain.methods.importance import head_importance
     from prunetrain.methods.selection import select_heads
@@ -182,28 +210,37 @@ def prune_and_evaluate(recipe: Recipe, model, inputs: RunInputs, progress: Calla
     for mask in attached_masks(model):  # training-time masks become physical first
         shrink(model, mask)
     model.eval()
+    heads = find_heads(model).total_heads
+    score = dict(batch_size=ev.batch_size, num_beams=ev.num_beams, autocast_bf16=inputs.bf16)
+    trained = evaluate_bleu(model, inputs.tokenizer, inputs.test_pairs, **score)
+    progress(f"test BLEU {trained_name(recipe, heads)}: {trained['bleu']:.2f} ({trained['bleu_signature']})")
+    if p.final_fraction == 0:
+        return {"model": model, "pruned": model, "mask": HeadMask.ones(model), "full": trained, "masked": None,
+                "shrunk": trained}
     final_mask = select_heads(head_importance(model, inputs.importance_batches), p.final_fraction, scope=p.scope,
                               min_heads_per_layer=p.min_heads_per_layer)
-    score = dict(batch_size=ev.batch_size, num_beams=ev.num_beams, autocast_bf16=inputs.bf16)
-    full = evaluate_bleu(model, inputs.tokenizer, inputs.test_pairs, **score)
-    progress(f"test BLEU full model: {full['bleu']:.2f} ({full['bleu_signature']})")
     with final_mask.applied(model):
         masked = evaluate_bleu(model, inputs.tokenizer, inputs.test_pairs, **score)
     pruned = copy.deepcopy(model)
     shrink(pruned, final_mask)
     shrunk = evaluate_bleu(pruned, inputs.tokenizer, inputs.test_pairs, **score)
-    progress(f"test BLEU with {p.final_fraction:.0%} of heads pruned: {shrunk['bleu']:.2f} (masked model: "
-             f"{masked['bleu']:.2f})")
-    return {"model": model, "pruned": pruned, "mask": final_mask, "full": full, "masked": masked, "shrunk": shrunk}
+    progress(f"test BLEU with {p.final_fraction:.0%} of the trained model's heads pruned after training: "
+             f"{shrunk['bleu']:.2f} (masked model: {masked['bleu']:.2f})")
+    return {"model": model, "pruned": pruned, "mask": final_mask, "full": trained, "masked": masked, "shrunk": shrunk}
 
 
-def benchmark(recipe: Recipe, model, pruned, out_dir: Path, bf16: bool, progress: Callable[[str], None]):
-    """Original vs shrunk model: forward and greedy/beam generation (`bench.json`); None without `eval.bench`."""
-    if not recipe.eval.bench:
+def benchmark(recipe: Recipe, tokenizer, pruned, out_dir: Path, bf16: bool, progress: Callable[[str], None]):
+    """The recipe's full-size architecture vs the final model: forward and greedy/beam generation at forced lengths
+    (`bench.json`; speed at a forced length does not depend on the weights, so the full-size model is built fresh
+    when training pruned it); None without `eval.bench` or when the final model has every head."""
+    from prunetrain.engine.heads import find_heads
+
+    if not recipe.eval.bench or find_heads(pruned).total_heads == original_heads(recipe):
         return None
     from prunetrain.bench import benchmark as run_benchmark
 
     ev = recipe.eval
+    model = build_model(recipe, tokenizer).eval()
     result = run_benchmark(model, pruned, batch_sizes=(ev.batch_size,), seq_lens=(16,), forward=True,
                            generate=("greedy", "beam4"), new_tokens=20, repeats=ev.bench_repeats,
                            dtype="bf16" if bf16 else "fp32", memory=False)
@@ -226,7 +263,6 @@ def run_recipe(recipe: Recipe, out_dir: str | Path, *, data_dir: str | None = No
     """
     from prunetrain.engine.heads import find_heads
     from prunetrain.mt.report import write_report
-    from prunetrain.mt.translation import save_translation_model
 
     out_dir = Path(out_dir)
     started = time.time()
@@ -242,7 +278,10 @@ def run_recipe(recipe: Recipe, out_dir: str | Path, *, data_dir: str | None = No
     late = beyond_epochs(recipe)
     for key, points in late.items():
         progress(f"not reached: pruning.{key} {points} lie beyond train.epochs={recipe.train.epochs}")
-    callbacks, time_cap = make_callbacks(recipe, inputs)
+    if recipe.pruning.method == "l0" and (recipe.pruning.schedule or recipe.pruning.schedule_steps):
+        progress("pruning.method=l0: the Hard-Concrete gates choose the heads (budget pruning.l0_target_heads="
+                 f"{recipe.pruning.l0_target_heads}); pruning.schedule/schedule_steps/shrink_steps are not used")
+    callbacks, time_cap, clock = make_callbacks(recipe, inputs)
     train_start = time.time()
     model = train(recipe, model, inputs, out_dir, callbacks, resume=resume)
     train_minutes = (time.time() - train_start) / 60
@@ -251,24 +290,62 @@ def run_recipe(recipe: Recipe, out_dir: str | Path, *, data_dir: str | None = No
                 f"{time_cap.planned_steps} planned" if time_cap.fired else ""))
 
     final = prune_and_evaluate(recipe, model, inputs, progress)
-    save_translation_model(final["model"], inputs.tokenizer, out_dir / "full", overwrite=True)
-    save_translation_model(final["pruned"], inputs.tokenizer, out_dir / "pruned", overwrite=True)
+    saved = save_final_models(recipe, final, inputs.tokenizer, out_dir)
     final["mask"].to_json(out_dir / "final_mask.json")
-    bench = benchmark(recipe, final["model"], final["pruned"], out_dir, inputs.bf16, progress)
-    mask = final["mask"]
+    bench = benchmark(recipe, inputs.tokenizer, final["pruned"], out_dir, inputs.bf16, progress)
+    final_layout = find_heads(final["pruned"])
+    step_seconds = clock.step_seconds
     results = {
         "recipe": recipe.to_dict(), "train_minutes": train_minutes, "total_minutes": (time.time() - started) / 60,
+        "train_step_minutes": step_seconds / 60, "steps": int(time_cap.last_step or 0),
         "stopped_early_at_epoch": time_cap.stopped_at, "time_cap": time_cap.to_dict(),
-        "points": points_summary(out_dir, late), "heads_total": mask.num_heads,
-        "heads_kept": mask.num_kept, "kept_per_kind": mask.kept_per_kind(),
-        "test_full": _strip(final["full"]), "test_masked": _strip(final["masked"]),
-        "test_pruned": _strip(final["shrunk"]), "bench": bench,
+        "points": points_summary(out_dir, late), "heads_original": original_heads(recipe),
+        "heads_trained": final["mask"].num_heads, "heads_total": original_heads(recipe),
+        "heads_kept": final_layout.total_heads, "kept_per_kind": final_layout.heads_per_kind(),
+        "parameters_final": sum(x.numel() for x in final["pruned"].parameters()),
+        "trained_name": trained_name(recipe, final["mask"].num_heads),
+        "test_full": _strip(final["full"]), "test_masked": _strip(final["masked"]) if final["masked"] else None,
+        "test_pruned": _strip(final["shrunk"]), "bench": bench, "saved": saved,
+        "bleu_over_training": clock.records + [final_record(final, clock, time_cap)],
+        "step_rate": clock.segments, "pruning_events": _read_json(out_dir / "prunetrain" / "pruning_events.json"),
     }
     (out_dir / "results.json").write_text(json.dumps(results, indent=1))
     write_report(out_dir, results)
     mark_complete(out_dir, {"results": "results.json", "report": "report.md"})
     progress(f"report: {out_dir / 'report.md'}")
     return results
+
+
+def save_final_models(recipe: Recipe, final: dict, tokenizer, out_dir: Path) -> dict[str, str]:
+    """`full/` when the trained model has every head, `pruned/` when the final model has fewer (a trained model
+    already pruned during training is not called full). Returns {name: directory}."""
+    from prunetrain.engine.heads import find_heads
+    from prunetrain.mt.translation import save_translation_model
+
+    saved = {}
+    if final["mask"].num_heads == original_heads(recipe):
+        save_translation_model(final["model"], tokenizer, out_dir / "full", overwrite=True)
+        saved["full"] = "full"
+    if find_heads(final["pruned"]).total_heads < original_heads(recipe):
+        save_translation_model(final["pruned"], tokenizer, out_dir / "pruned", overwrite=True)
+        saved["pruned"] = "pruned"
+    return saved
+
+
+def final_record(final: dict, clock, time_cap) -> dict:
+    """The last point of the BLEU-over-training curve: the final model's test score at the last step."""
+    from prunetrain.engine.heads import find_heads
+
+    result = final["shrunk"]
+    return {"step": int(time_cap.last_step or 0), "epoch": time_cap.last_epoch, "kind": "final",
+            "step_seconds": clock.step_seconds, "wall_seconds": clock.wall_seconds(), "bleu": result["bleu"],
+            "heads": find_heads(final["pruned"]).total_heads,
+            "parameters": sum(x.numel() for x in final["pruned"].parameters()),
+            "sentences_per_second": result.get("sentences_per_second")}
+
+
+def _read_json(path: Path):
+    return json.loads(path.read_text()) if path.is_file() else []
 
 
 def points_summary(out_dir: Path, late: dict) -> dict:

@@ -136,6 +136,52 @@ def translate(model: nn.Module, tokenizer, sources: Sequence[str], *, batch_size
     return outputs  # type: ignore[return-value]
 
 
+def translate_onnx(directory: str | os.PathLike, tokenizer, sources: Sequence[str], *, batch_size: int = 64,
+                   decoder_start_token_id: int, eos_token_id: int, max_position_embeddings: int | None = None,
+                   threads: int = 1, suppress_pad: bool = True) -> list[str]:
+    """Greedy translation with ONNX Runtime from an `--format onnx` export (`prunetrain.export.onnx.OrtGenerator`),
+    sentence for sentence what `translate(..., num_beams=1)` does with the PyTorch model: the same length-sorted
+    batches, the same per-sentence bound ceil(1.5 · source tokens) + 10, output cut at the first EOS, the pad token
+    never generated.
+
+    Args:
+        directory: the ONNX export (encoder_model.onnx + decoder_with_past_model.onnx).
+        tokenizer: the model's tokenizer.
+        sources: sentences to translate.
+        batch_size: sentences per batch.
+        decoder_start_token_id, eos_token_id, max_position_embeddings: from the model's config.
+        threads: ONNX Runtime intra-op threads.
+        suppress_pad: never generate the pad token (as `translate`).
+    """
+    from prunetrain.export.onnx import OrtGenerator
+
+    sources = list(sources)
+    if not sources:
+        return []
+    generator = OrtGenerator(directory, threads=threads)
+    encoded = tokenizer(sources, return_attention_mask=False, verbose=False)["input_ids"]
+    _check_lengths(encoded, max_position_embeddings)
+    caps = _length_caps([len(ids) for ids in encoded], None,
+                        max_position_embeddings - 1 if max_position_embeddings else None)
+    order = sorted(range(len(sources)), key=lambda i: -len(encoded[i]))
+    suppress = [tokenizer.pad_token_id] if suppress_pad else []
+    outputs: list[str | None] = [None] * len(sources)
+    for start in range(0, len(order), batch_size):
+        rows = order[start:start + batch_size]
+        batch = tokenizer.pad({"input_ids": [encoded[i] for i in rows]}, return_tensors="pt")
+        row_caps = [caps[i] for i in rows]
+        generated = generator.greedy(batch["input_ids"], batch["attention_mask"], max(row_caps),
+                                     decoder_start_token_id, suppress_tokens=suppress)[:, 1:]
+        pieces = []
+        for j, cap in enumerate(row_caps):
+            row = generated[j, :cap].tolist()
+            pieces.append(row[: row.index(eos_token_id) + 1] if eos_token_id in row else row)
+        texts = tokenizer.batch_decode(pieces, skip_special_tokens=True, clean_up_tokenization_spaces=False)
+        for i, text in zip(rows, texts):
+            outputs[i] = text.strip()
+    return outputs  # type: ignore[return-value]
+
+
 def score_translations(hypotheses: Sequence[str], references: Sequence[str]) -> dict:
     """Corpus BLEU and chrF of detokenized `hypotheses` against one reference each, with sacreBLEU signatures."""
     from sacrebleu.metrics import BLEU, CHRF

@@ -4,6 +4,8 @@
   steps), pruning on a schedule, Spearman ρ of importance between consecutive points.
 - `PruningCurveCallback` (`prunetrain.training.pruning_curve`): metric vs share of the heads present masked, per point.
 - `TimeCapCallback` (`prunetrain.training.time_cap`): a wall-clock guard on a run defined by its steps.
+- `MetricPointsCallback` (`prunetrain.training.metric_points`): a metric at chosen steps with the training-step clock
+  and the step rate between shrinks.
 - `HardConcreteCallback` (`prunetrain.training.hard_concrete`): Hard-Concrete L0 gates (Voita et al. 2019).
 - `PrunetrainCallback` (`prunetrain.training.base`) and the checkpoint helpers (`prunetrain.training.state`).
 """
@@ -11,9 +13,10 @@
 from prunetrain.training.base import PrunetrainCallback
 from prunetrain.training.hard_concrete import HardConcreteCallback
 from prunetrain.training.head_pruning import HeadPruningCallback
+from prunetrain.training.metric_points import MetricPointsCallback
 from prunetrain.training.pruning_curve import PruningCurveCallback
 from prunetrain.training.state import last_complete_checkpoint, restore_layout
 from prunetrain.training.time_cap import TimeCapCallback
 
-__all__ = ["HardConcreteCallback", "HeadPruningCallback", "PruningCurveCallback", "PrunetrainCallback",
-           "TimeCapCallback", "last_complete_checkpoint", "restore_layout"]
+__all__ = ["HardConcreteCallback", "HeadPruningCallback", "MetricPointsCallback", "PruningCurveCallback",
+           "PrunetrainCallback", "TimeCapCallback", "last_complete_checkpoint", "restore_layout"]

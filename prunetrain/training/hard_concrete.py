@@ -21,7 +21,7 @@ from prunetrain.training.points import is_whole_epoch, label
 from prunetrain.training.state import load_optimizer_state, optimizer_state
 from prunetrain.utils.device import device_of
 from prunetrain.utils.plots import heatmap_figure
-from prunetrain.utils.validate import check_choice, check_positive_float
+from prunetrain.utils.validate import check_choice, check_int, check_positive_float
 
 FINALIZE = ("mask", "shrink", "none")
 
@@ -49,6 +49,9 @@ class HardConcreteCallback(PrunetrainCallback):
         lagrangian_lr: the multipliers' learning rate (Adam, gradient ascent).
         init_log_alpha: initial log α of every gate.
         seed: seed of the gates' initial noise.
+        start_step: the global step after which the gates join training (0: from the start). Before it the model
+            trains as it is; gates started on an untrained model close heads before any head has learnt anything
+            (measured: a 36-of-144 budget from step 0 left the wmt-small-deen model at ~1 BLEU).
         finalize: at the end of training the gates become a HeadMask (the deterministic gates log α > 0; with
             `target_heads`, exactly the budgeted number of gated heads with the largest log α): "mask" attaches it to the
             model, "shrink" removes the heads (also under DDP; under FSDP shrink a gathered copy instead, see
@@ -61,8 +64,8 @@ class HardConcreteCallback(PrunetrainCallback):
 
     def __init__(self, lam: float | None = None, *, target_heads: int | float | None = None, kinds=None,
                  freeze: str | Callable[[str], bool] | None = None, gate_lr: float = 0.1,
-                 lagrangian_lr: float = 0.05, init_log_alpha: float = 3.0, seed: int = 0, finalize: str = "mask",
-                 output_dir: str | None = None, tensorboard: bool = True):
+                 lagrangian_lr: float = 0.05, init_log_alpha: float = 3.0, seed: int = 0, start_step: int = 0,
+                 finalize: str = "mask", output_dir: str | None = None, tensorboard: bool = True):
         super().__init__(output_dir, tensorboard)
         if (lam is None) == (target_heads is None):
             raise ValueError(f"lam, target_heads: give exactly one (a penalty weight λ or a head budget), got "
@@ -82,6 +85,7 @@ class HardConcreteCallback(PrunetrainCallback):
         if not (freeze is None or callable(freeze) or freeze in ("decoder", "model")):
             raise ValueError(f"freeze: {freeze!r} is not one of None, 'decoder', 'model' or a function name -> bool.")
         check_choice("finalize", finalize, FINALIZE)
+        self.start_step = check_int("start_step", start_step, 0)
         self.kinds = check_callback_kinds(kinds)
         self.lam, self.target_heads, self.freeze = lam, target_heads, freeze
         self.gate_lr, self.lagrangian_lr, self.init_log_alpha, self.seed = gate_lr, lagrangian_lr, init_log_alpha, seed
@@ -116,7 +120,8 @@ class HardConcreteCallback(PrunetrainCallback):
         if isinstance(self.target_heads, int) and self.target_heads > gated:
             raise ValueError(f"target_heads: {self.target_heads} is more than the {gated} gated heads.")
         self.freeze_parameters(net)
-        self.gates.attach(net)
+        if self.start_step == 0:
+            self.gates.attach(net)
         self._gate_optimizer = torch.optim.Adam(self.gates.parameters(), lr=self.gate_lr, weight_decay=0.0)
         if self.target_heads is not None:
             self.lagrangian = LagrangianBudget().to(device_of(net))
@@ -159,6 +164,13 @@ class HardConcreteCallback(PrunetrainCallback):
         self._restore(args, state)
         if self.gates is not None:
             self.gates.to(device_of(unwrap_model(model)))
+            if not self.gates.attached and state.global_step >= self.start_step:  # resumed after the start
+                self.gates.attach(unwrap_model(model))
+
+    def on_step_end(self, args, state, control, model=None, **kwargs):
+        if self.gates is not None and not self.gates.attached and state.global_step >= self.start_step:
+            self.gates.attach(unwrap_model(model))
+            self._log(f"step {state.global_step}: Hard-Concrete gates join training")
 
     def penalty(self) -> torch.Tensor:
         """The regulariser added to the loss: λ Σ (1 − P(g = 0)), or the Lagrangian budget term."""
@@ -171,6 +183,8 @@ class HardConcreteCallback(PrunetrainCallback):
     def on_optimizer_step(self, args, state, control, **kwargs):
         """Step the gates (and multipliers) once per optimizer step: data gradient averaged over ranks, plus the
         penalty's gradient."""
+        if not self.gates.attached:  # before start_step
+            return
         params = list(self.gates.parameters())
         for p in params:
             if p.grad is None:
@@ -190,7 +204,7 @@ class HardConcreteCallback(PrunetrainCallback):
             self._lagrangian_optimizer.zero_grad(set_to_none=True)
 
     def on_log(self, args, state, control, logs=None, **kwargs):
-        if self.gates is None or not self._is_main:
+        if self.gates is None or not self.gates.attached or not self._is_main:
             return
         with torch.no_grad():
             expected = float(self.gates.expected_l0())
@@ -204,6 +218,8 @@ class HardConcreteCallback(PrunetrainCallback):
             self._tb_scalar(f"prunetrain/heads_alive_by_step/{kind}", count, state.global_step)
 
     def on_epoch_end(self, args, state, control, **kwargs):
+        if not self.gates.attached:  # before start_step
+            return
         epoch, step = float(state.epoch or 0), int(state.global_step)  # exact: a cut run ends part-way (not rounded)
         with torch.no_grad():
             expected = float(self.gates.expected_l0())

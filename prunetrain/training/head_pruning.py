@@ -42,6 +42,9 @@ class HeadPruningCallback(ScheduledCallback):
         mode: "mask" (zero the heads, keep the weights) or "shrink" (remove them physically with the optimizer
             state sliced; under DDP every rank shrinks the same heads and DDP's gradient buckets are rebuilt;
             refused under FSDP, whose flat shards cannot change shape mid-run).
+        shrink_steps: with `mode="mask"`, global steps at which the heads masked so far are removed physically
+            (optimizer state sliced) and training goes on with the smaller model: masks first, then a shrink. Each
+            must be a step of `prune_steps` (the shrink follows that step's pruning).
         iterative: prune in steps of `step` (of all heads), re-estimating importance in between (Michel §4).
         step: the step of iterative pruning (fraction or count).
         scope: "global", "layer" or "kind" (see `select_heads`).
@@ -62,7 +65,7 @@ class HeadPruningCallback(ScheduledCallback):
 
     def __init__(self, at_epochs=(1,), prune: Mapping[float, float | int] | Callable[[int], Any] | None = None, *,
                  at_steps: Iterable[int] = (), prune_steps: Mapping[int, float | int] | None = None,
-                 mode: str = "mask", iterative: bool = False, step: float | int = 0.1, scope: str = "global",
+                 mode: str = "mask", shrink_steps: Iterable[int] = (), iterative: bool = False, step: float | int = 0.1, scope: str = "global",
                  kinds=None, min_heads_per_layer: int = 1, batches: Iterable | None = None, num_batches: int = 8,
                  scorer: str | Callable = "gradient", scorer_options: Mapping | None = None, record_end: bool = True,
                  output_dir: str | None = None, tensorboard: bool = True):
@@ -89,6 +92,14 @@ class HeadPruningCallback(ScheduledCallback):
             raise ValueError(f"prune: {prune!r} is not a schedule; give a dict {{epoch: amount}}, a function "
                              f"epoch -> amount or None.")
         self._prune_steps = check_amount_schedule("prune_steps", prune_steps or {}, "step")
+        self._shrink_steps = check_step_points("shrink_steps", list(shrink_steps))
+        for shrink_step in self._shrink_steps:
+            if shrink_step not in self._prune_steps:
+                raise ValueError(f"shrink_steps: {shrink_step} is not a step of prune_steps "
+                                 f"{sorted(self._prune_steps)}; a shrink follows a pruning step.")
+        if self._shrink_steps and mode != "mask":
+            raise ValueError(f"shrink_steps: {self._shrink_steps} needs mode='mask' (mode={mode!r} already shrinks "
+                             f"at every pruning step).")
         self._last_epoch = max([int(e) + (e % 1 > 0) for e in epochs + list(self._prune_epochs)], default=None)
         at_selector = selector
         prune_fn = self._prune_fn
@@ -141,7 +152,7 @@ class HeadPruningCallback(ScheduledCallback):
 
     def engine_requirements(self) -> list[tuple[str, tuple[str, ...]]]:
         needs = super().engine_requirements()
-        if self.mode == "shrink":
+        if self.mode == "shrink" or self._shrink_steps:
             needs.append(("HeadPruningCallback(mode='shrink')", ("single", "ddp")))
         return needs
 
@@ -210,6 +221,8 @@ class HeadPruningCallback(ScheduledCallback):
         self.record(state.global_step, float(state.epoch or 0), scores, kind)
         if amount is not None:
             self.apply_pruning(model, optimizer, state, amount, scores, batches)
+        if kind == "scheduled" and point.step in self._shrink_steps:
+            self.shrink_masked(model, optimizer, state)
 
     def record(self, step: int, epoch: float, scores: HeadScores, kind: str = "scheduled") -> None:
         """Keep the scores of the point at global `step` (fractional `epoch`): JSON file named by both, history,
@@ -243,6 +256,8 @@ class HeadPruningCallback(ScheduledCallback):
         common = sorted(set(before["alive"]) & set(after["alive"]))
         rho = spearman([before["alive"][h] for h in common], [after["alive"][h] for h in common]) \
             if len(common) >= 2 else None
+        if rho is not None and rho != rho:  # NaN: one side's scores are all equal (e.g. every gate closed)
+            rho = None
         entry = {"from_step": before["step"], "from_epoch": before["epoch"], "to_step": after["step"],
                  "to_epoch": after["epoch"], "label": f"{before['label']} → {after['label']}",
                  "heads_compared": len(common), "spearman": rho}
@@ -292,6 +307,26 @@ class HeadPruningCallback(ScheduledCallback):
         self._tb_scalar("prunetrain/sparsity", 1 - total_after / max(1, sum(s.original_num_heads
                                                                              for s in find_heads(model))), step)
         return self.mask
+
+    def shrink_masked(self, model, optimizer, state) -> None:
+        """Remove the heads masked so far physically (optimizer state sliced); training goes on with the smaller
+        model and an all-ones mask on it. One log line and one event (`mode: "shrink"`)."""
+        if self.mask is None or self.mask.num_kept == self.mask.num_heads:
+            return
+        step, epoch = int(state.global_step), float(state.epoch or 0)
+        if self.mask.attached:
+            self.mask.detach()
+        before, heads_before = self.mask.layout.heads_per_kind(), self.mask.num_heads  # heads present before
+        layout = self._shrink(model, self.mask, optimizer)
+        self.mask = HeadMask.ones(layout)
+        event = {"step": step, "epoch": epoch, "label": label(step, epoch), "amount": None, "mode": "shrink",
+                 "heads_before": heads_before, "heads_after": layout.total_heads, "per_kind_before": before,
+                 "per_kind_after": layout.heads_per_kind(), "parameters_after": sum(
+                     p.numel() for p in unwrap_model(model).parameters())}
+        self.events.append(event)
+        self._write_json("pruning_events.json", self.events)
+        self._log(f"{label(step, epoch)}: shrink: {heads_before} → {layout.total_heads} heads present (the masked heads "
+                  f"removed, optimizer state sliced) [shrink]")
 
     @staticmethod
     def _shrink(model, mask: HeadMask, optimizer) -> HeadLayout:

@@ -43,6 +43,8 @@ class TimeCapCallback(TrainerCallback):
         self.planned_steps: int | None = None
         self.expected_end_step: int | None = None
         self.steps_per_second: float | None = None
+        self.last_step: int | None = None  # where training ended (set at train end)
+        self.last_epoch: float | None = None
 
     def on_train_begin(self, args, state, control, **kwargs):
         self.start, self.start_step = time.time(), int(state.global_step)
@@ -73,10 +75,14 @@ class TimeCapCallback(TrainerCallback):
                            label(self.stopped_at_step, self.stopped_at), self.planned_steps)
         return control
 
+    def on_train_end(self, args, state, control, **kwargs):
+        self.last_step, self.last_epoch = int(state.global_step), float(state.epoch or 0)
+
     def to_dict(self) -> dict:
         return {"max_minutes": self.max_minutes, "fired": self.fired, "stopped_at_step": self.stopped_at_step,
                 "stopped_at_epoch": self.stopped_at, "planned_steps": self.planned_steps,
-                "expected_end_step": self.expected_end_step, "measured_steps_per_second": self.steps_per_second}
+                "expected_end_step": self.expected_end_step, "measured_steps_per_second": self.steps_per_second,
+                "last_step": self.last_step, "last_epoch": self.last_epoch}
 
 
 __all__ = ["TimeCapCallback"]

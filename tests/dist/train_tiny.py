@@ -1,6 +1,6 @@
 """A tiny real Seq2SeqTrainer run with prunetrain callbacks, for the resume-after-kill and DDP tests.
 
-python train_tiny.py --out DIR --data DIR/multi30k --callback prune-mask|prune-shrink|gates [--epochs N] [--resume]
+python train_tiny.py --out DIR --data DIR/multi30k --callback prune-mask|prune-shrink|prune-mask-shrink|gates [--epochs N] [--resume]
 (also under `torchrun --nproc_per_node 2`). Each rank writes `rank<r>_result.json` with its final mask.
 """
 
@@ -21,7 +21,8 @@ def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--out", required=True)
     parser.add_argument("--data", required=True)
-    parser.add_argument("--callback", required=True, choices=["prune-mask", "prune-shrink", "gates"])
+    parser.add_argument("--callback", required=True, choices=["prune-mask", "prune-shrink", "prune-mask-shrink",
+                                                                       "gates"])
     parser.add_argument("--epochs", type=int, default=4)
     parser.add_argument("--resume", action="store_true")
     opts = parser.parse_args()
@@ -38,6 +39,9 @@ def main():
     fixed = [collator([dataset[i] for i in range(j, j + 16)]) for j in (0, 16, 32, 48)]
     if opts.callback == "gates":
         callback = HardConcreteCallback(lam=0.02, gate_lr=0.2, finalize="mask")
+    elif opts.callback == "prune-mask-shrink":  # masks at steps 16 and 32, shrink at 32 (16 steps per epoch), mask at 48
+        callback = HeadPruningCallback(at_epochs=[1], prune_steps={16: 0.25, 32: 6, 48: 0.5}, shrink_steps=[32],
+                                       batches=fixed, mode="mask")
     else:
         callback = HeadPruningCallback(at_epochs=[1, 2, 3, 4], prune={2: 0.25, 3: 6, 4: 0.5}, batches=fixed,
                                        mode="mask" if opts.callback == "prune-mask" else "shrink")

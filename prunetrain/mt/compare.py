@@ -1,0 +1,209 @@
+"""Side-by-side comparison of recipe runs (`prunetrain compare RUN... --output DIR`): e.g. the main job with pruning
+during training against the same recipe with pruning off.
+
+For every run: heads, parameters, steps, training time (optimizer steps only, see
+`prunetrain.training.metric_points`), wall time, final test BLEU and test decode speed, and the steps per second of
+every stretch between shrinks. Against the first run (the reference):
+
+- **equal steps**: BLEU of both at every step where both evaluated the test split;
+- **equal training time**: each run's final BLEU beside the reference's BLEU after the same training time, read at the
+  reference's evaluation points just before and after that time and linearly interpolated between them (both points
+  are listed, so nothing hides in the interpolation);
+- **drift between the runs**: runs taken one after the other on a shared machine see different machine speeds. Where
+  both runs evaluated at a step before either changed its model (no pruning event, no gates yet), they had done the
+  same computation, so the ratio of their training times there measures the drift; the equal-time comparison is
+  repeated with the run's time divided by that ratio.
+
+Writes `compare.json`, `compare.md` and `compare.png` (BLEU against training time, heads per kind over steps).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+
+def load_run(path: str | Path) -> dict:
+    """`results.json` of a finished recipe run directory (one clear line when it is not one)."""
+    path = Path(path)
+    results = path / "results.json"
+    if not results.is_file():
+        raise ValueError(f"run: {str(path)!r} has no results.json; give the directory of a finished recipe run.")
+    data = json.loads(results.read_text())
+    if "bleu_over_training" not in data:
+        raise ValueError(f"run: {str(path)!r} was written by an older prunetrain without BLEU over training; "
+                         f"run the recipe again to compare it.")
+    return data
+
+
+def bleu_at_time(records: list[dict], seconds: float) -> dict:
+    """The run's test BLEU after `seconds` of training steps: the records just before and after, and the linear
+    interpolation between them (None beyond the run's last record)."""
+    records = sorted(records, key=lambda r: r["step_seconds"])
+    before = [r for r in records if r["step_seconds"] <= seconds]
+    after = [r for r in records if r["step_seconds"] >= seconds]
+    low, high = (before[-1] if before else None), (after[0] if after else None)
+    if low is None or high is None:
+        value = None
+    elif high["step_seconds"] == low["step_seconds"]:
+        value = low["bleu"]
+    else:
+        share = (seconds - low["step_seconds"]) / (high["step_seconds"] - low["step_seconds"])
+        value = low["bleu"] + share * (high["bleu"] - low["bleu"])
+    return {"seconds": seconds, "bleu": value, "before": _point(low), "after": _point(high)}
+
+
+def _point(record: dict | None) -> dict | None:
+    return None if record is None else {"step": record["step"], "step_seconds": record["step_seconds"],
+                                        "bleu": record["bleu"]}
+
+
+def unchanged_until(results: dict) -> int:
+    """The last step before which the run trained the model as built (no pruning event; gates not yet joined)."""
+    events = [e["step"] for e in results.get("pruning_events") or []]
+    pruning = (results.get("recipe") or {}).get("pruning") or {}
+    if pruning.get("method") == "l0":
+        events.append(int(pruning.get("l0_start_step", 0)))
+    return min(events, default=10**12)
+
+
+def drift(reference: dict, other: dict) -> dict | None:
+    """Training-time ratio other/reference at the last step both evaluated while neither had changed its model."""
+    limit = min(unchanged_until(reference), unchanged_until(other))
+    ref = {r["step"]: r for r in reference["bleu_over_training"] if r["step"] <= limit}
+    same = [r for r in other["bleu_over_training"] if r["step"] in ref]
+    if not same:
+        return None
+    point = max(same, key=lambda r: r["step"])
+    base = ref[point["step"]]
+    return {"step": point["step"], "step_seconds": point["step_seconds"], "reference_step_seconds":
+            base["step_seconds"], "factor": point["step_seconds"] / base["step_seconds"]}
+
+
+def summarize(name: str, results: dict) -> dict:
+    final = results["test_pruned"]
+    return {"run": name, "heads": results["heads_kept"], "parameters": results.get("parameters_final"),
+            "steps": results.get("steps"), "train_step_minutes": results.get("train_step_minutes"),
+            "train_minutes": results.get("train_minutes"), "total_minutes": results.get("total_minutes"),
+            "bleu": final["bleu"], "chrf": final.get("chrf"), "num_beams": final.get("num_beams"),
+            "decode_sentences_per_second": final.get("sentences_per_second"),
+            "kept_per_kind": results.get("kept_per_kind"), "step_rate": results.get("step_rate") or []}
+
+
+def compare_runs(runs: dict[str, dict]) -> dict:
+    """The comparison of `runs` ({name: results}; the first is the reference)."""
+    names = list(runs)
+    reference = runs[names[0]]
+    ref_records = reference["bleu_over_training"]
+    out = {"reference": names[0], "runs": [summarize(n, r) for n, r in runs.items()], "equal_steps": [],
+           "equal_time": []}
+    for name in names[1:]:
+        records = runs[name]["bleu_over_training"]
+        ref_by_step = {r["step"]: r for r in ref_records}
+        for r in records:
+            if r["step"] in ref_by_step:
+                out["equal_steps"].append({"run": name, "step": r["step"], "bleu": r["bleu"], "heads": r["heads"],
+                                           "reference_bleu": ref_by_step[r["step"]]["bleu"],
+                                           "delta": r["bleu"] - ref_by_step[r["step"]]["bleu"]})
+        last = max(records, key=lambda r: r["step"])
+        at = bleu_at_time(ref_records, last["step_seconds"])
+        entry = {"run": name, "step": last["step"], "step_seconds": last["step_seconds"], "bleu": last["bleu"],
+                 "reference": at, "delta": None if at["bleu"] is None else last["bleu"] - at["bleu"],
+                 "drift": drift(reference, runs[name])}
+        if entry["drift"]:
+            corrected = last["step_seconds"] / entry["drift"]["factor"]
+            at_corrected = bleu_at_time(ref_records, corrected)
+            entry["corrected"] = {"step_seconds": corrected, "reference": at_corrected,
+                                  "delta": None if at_corrected["bleu"] is None else last["bleu"] - at_corrected["bleu"]}
+        out["equal_time"].append(entry)
+    return out
+
+
+def comparison_markdown(comparison: dict) -> str:
+    ref = comparison["reference"]
+    lines = ["# Runs side by side", "", "| run | heads | parameters | steps | training min (steps only) | wall min "
+             "(training) | whole run min | test BLEU | decode sent/s |", "|---|---|---|---|---|---|---|---|---|"]
+    for r in comparison["runs"]:
+        params = f"{r['parameters'] / 1e6:.2f} M" if r.get("parameters") else ""
+        lines.append(f"| {r['run']} | {r['heads']} | {params} | {r['steps']} | {_num(r['train_step_minutes'])} | "
+                     f"{_num(r['train_minutes'])} | {_num(r['total_minutes'])} | {r['bleu']:.2f} | "
+                     f"{_num(r['decode_sentences_per_second'])} |")
+    lines += ["", "## Steps per second between shrinks", "", "| run | steps | heads | steps/s | × first stretch |",
+              "|---|---|---|---|---|"]
+    for r in comparison["runs"]:
+        first = (r["step_rate"] or [{}])[0].get("steps_per_second")
+        for g in r["step_rate"]:
+            rate = g.get("steps_per_second")
+            ratio = f"{rate / first:.2f}" if rate and first else ""
+            lines.append(f"| {r['run']} | {g['from_step']}–{g['to_step']} | {g['heads']} | {_num(rate, 3)} | {ratio} |")
+    if comparison["equal_steps"]:
+        lines += ["", f"## Equal steps (test BLEU; reference: {ref})", "", "| run | step | heads | BLEU | reference "
+                  "BLEU | Δ |", "|---|---|---|---|---|---|"]
+        for e in comparison["equal_steps"]:
+            lines.append(f"| {e['run']} | {e['step']} | {e['heads']} | {e['bleu']:.2f} | {e['reference_bleu']:.2f} | "
+                         f"{e['delta']:+.2f} |")
+    if comparison["equal_time"]:
+        lines += ["", f"## Equal training time (reference: {ref})", "", "| run | its last step | training min | BLEU |"
+                  " reference BLEU at that time | reference points used | Δ |", "|---|---|---|---|---|---|---|"]
+        for e in comparison["equal_time"]:
+            at = e["reference"]
+            used = " and ".join(f"step {p['step']} ({p['step_seconds'] / 60:.1f} min, {p['bleu']:.2f})"
+                                for p in (at["before"], at["after"]) if p)
+            value = "beyond the reference's run" if at["bleu"] is None else f"{at['bleu']:.2f}"
+            delta = "" if e["delta"] is None else f"{e['delta']:+.2f}"
+            lines.append(f"| {e['run']} | {e['step']} | {e['step_seconds'] / 60:.1f} | {e['bleu']:.2f} | {value} | "
+                         f"{used} | {delta} |")
+        drifts = [e for e in comparison["equal_time"] if e.get("drift")]
+        if drifts:
+            lines += ["", "Drift between the runs (the same computation timed in both, before either changed its "
+                      "model) and the equal-time comparison with it taken out:", "",
+                      "| run | same-work step | its min | reference min | time ratio | corrected training min | "
+                      "reference BLEU then | Δ |", "|---|---|---|---|---|---|---|---|"]
+            for e in drifts:
+                d, c = e["drift"], e["corrected"]
+                ref_bleu = "beyond the reference's run" if c["reference"]["bleu"] is None else \
+                    f"{c['reference']['bleu']:.2f}"
+                delta = "" if c["delta"] is None else f"{c['delta']:+.2f}"
+                lines.append(f"| {e['run']} | {d['step']} | {d['step_seconds'] / 60:.2f} | "
+                             f"{d['reference_step_seconds'] / 60:.2f} | {d['factor']:.3f} | "
+                             f"{c['step_seconds'] / 60:.1f} | {ref_bleu} | {delta} |")
+    return "\n".join(lines + [""])
+
+
+def _num(value, digits: int = 1) -> str:
+    return "" if value is None else f"{value:.{digits}f}"
+
+
+def write_comparison(run_dirs: list[str | Path], output: str | Path, names: list[str] | None = None) -> dict:
+    """Compare finished recipe runs (the first is the reference) and write `compare.json`, `compare.md` and
+    `compare.png` into `output` (created; an existing non-empty directory is refused before anything is written).
+
+    Args:
+        run_dirs: run directories (each with `results.json`), the reference first; at least two.
+        output: the directory to write.
+        names: a name per run (default: the directories' names).
+    """
+    from prunetrain.mt.report import training_figure
+
+    if len(run_dirs) < 2:
+        raise ValueError(f"runs: {len(run_dirs)} given; compare at least two run directories (the reference first).")
+    names = list(names) if names else [Path(d).name for d in run_dirs]
+    if len(names) != len(run_dirs) or len(set(names)) != len(names):
+        raise ValueError(f"names: {names!r} must give one distinct name per run ({len(run_dirs)} runs).")
+    runs = {n: load_run(d) for n, d in zip(names, run_dirs)}
+    output = Path(output)
+    if output.exists() and (not output.is_dir() or any(output.iterdir())):
+        raise ValueError(f"output: {str(output)!r} already exists and is not empty; choose a new directory.")
+    comparison = compare_runs(runs)
+    output.mkdir(parents=True, exist_ok=True)
+    first, *others = names
+    figure = training_figure(output, dict(runs[first], trained_name=first), {n: runs[n] for n in others})
+    if figure:
+        (output / figure).replace(output / "compare.png")
+        (output / "figures").rmdir()
+    (output / "compare.json").write_text(json.dumps(comparison, indent=1))
+    (output / "compare.md").write_text(comparison_markdown(comparison) + "\n![BLEU over training time](compare.png)\n")
+    return comparison
+
+
+__all__ = ["bleu_at_time", "compare_runs", "comparison_markdown", "load_run", "write_comparison"]

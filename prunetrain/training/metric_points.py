@@ -1,0 +1,145 @@
+"""`MetricPointsCallback`: a metric of the model as it is (e.g. test BLEU) at chosen points of training, each
+stamped with the training time spent to reach it, and the step rate of every stretch of training between two changes
+of the model's size.
+
+Why a clock of its own: comparing a run that prunes during training with one that does not is only fair at equal
+*training* time, and wall time also counts the evaluations, importance passes and checkpoints the two runs do
+differently. `step_seconds` sums, over optimizer steps, the time from the Trainer's `on_step_begin` to its
+`on_step_end` (forward, backward and optimizer step; data collation, callbacks, evaluation and checkpoint writes are
+outside it). Register this callback *before* the other prunetrain callbacks so its `on_step_end` runs first.
+
+Each stretch of training with a constant number of parameters (a mid-training shrink starts a new one) is recorded
+with its steps, seconds and steps per second, so the speed-up of every shrink is read off directly.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Callable, Iterable
+
+from prunetrain.engine.heads import find_heads, unwrap_model
+from prunetrain.training.base import combined_attached
+from prunetrain.training.points import Plan, Point, check_step_points, epoch_spec, label
+from prunetrain.training.scheduled import ScheduledCallback
+from prunetrain.training.state import RngState
+
+
+class MetricPointsCallback(ScheduledCallback):
+    """`metric(model)` at chosen points, with step time, wall time, heads and parameters at each.
+
+    Args:
+        metric: a callable `model -> float | dict` (e.g. `prunetrain.mt.metrics.bleu_metric(...)`), called with the
+            model in eval mode; its train/eval mode and the RNG state are restored afterwards, so training goes on
+            exactly as without this callback.
+        at_steps: global optimizer steps (increasing).
+        at_epochs: epoch points (fractional allowed), as for the other scheduled callbacks.
+        metric_key: the entry logged to TensorBoard when the metric returns a dict (default "value").
+        record_end: also evaluate at the last step when it is not a planned point.
+        output_dir, tensorboard: see `PrunetrainCallback`.
+    """
+
+    name = "metric-points"
+
+    def __init__(self, metric: Callable, *, at_steps: Iterable[int] = (), at_epochs=(), metric_key: str = "value",
+                 record_end: bool = True, output_dir: str | None = None, tensorboard: bool = True):
+        super().__init__(output_dir, tensorboard)
+        if not callable(metric):
+            raise ValueError(f"metric: {metric!r} is not a callable model -> float | dict.")
+        selector, epochs = epoch_spec(list(at_epochs), "at_epochs")
+        self._init_points(Plan(epochs, check_step_points("at_steps", list(at_steps)), selector), record_end)
+        self.metric, self.metric_key = metric, metric_key
+        self.records: list[dict] = []
+        self.segments: list[dict] = []  # stretches of constant size: {from_step, to_step, steps, seconds, parameters}
+        self.step_seconds = 0.0
+        self._step_started: float | None = None
+        self._train_started: float | None = None
+        self._wall_before = 0.0  # wall seconds of earlier sessions (resume)
+
+    # the clock ------------------------------------------------------------------------------------------------------
+    def on_train_begin(self, args, state, control, model=None, train_dataloader=None, **kwargs):
+        self._setup(args, state, model)
+        self._restore(args, state)
+        self._train_started = time.time()
+        self._start_plan(args, state, train_dataloader)
+
+    def on_step_begin(self, args, state, control, **kwargs):
+        if self._step_started is None:
+            self._step_started = time.perf_counter()
+
+    def on_step_end(self, args, state, control, model=None, **kwargs):
+        if self._step_started is not None:
+            seconds = time.perf_counter() - self._step_started
+            self._step_started = None
+            self.step_seconds += seconds
+            self._count_step(int(state.global_step), seconds, model)
+        super().on_step_end(args, state, control, model=model, **kwargs)
+
+    def _count_step(self, step: int, seconds: float, model) -> None:
+        size = sum(p.numel() for p in unwrap_model(model).parameters()) if model is not None else None
+        last = self.segments[-1] if self.segments else None
+        if last is None or last["parameters"] != size:
+            heads = find_heads(unwrap_model(model)).total_heads if model is not None else None
+            last = {"from_step": step, "to_step": step, "steps": 0, "seconds": 0.0, "parameters": size,
+                    "heads": heads}
+            self.segments.append(last)
+        last["to_step"] = step
+        last["steps"] += 1
+        last["seconds"] += seconds
+        last["steps_per_second"] = last["steps"] / last["seconds"] if last["seconds"] > 0 else None
+
+    def wall_seconds(self) -> float:
+        return self._wall_before + (time.time() - self._train_started if self._train_started else 0.0)
+
+    # the points -----------------------------------------------------------------------------------------------------
+    def act(self, point: Point, kind: str, state, model=None, **kwargs):
+        net = unwrap_model(model)
+        was_training = net.training
+        rng = RngState.capture()
+        started = time.time()
+        try:
+            net.eval()
+            value = self.metric(net)
+        finally:
+            net.train(was_training)
+            rng.restore()
+        result = value if isinstance(value, dict) else {self.metric_key: float(value)}
+        step, epoch = int(state.global_step), float(state.epoch or 0)
+        record = {"step": step, "epoch": epoch, "label": label(step, epoch), "kind": kind,
+                  "step_seconds": self.step_seconds, "wall_seconds": self.wall_seconds(),
+                  "metric_seconds": time.time() - started, "heads": heads_alive(net),
+                  "parameters": sum(p.numel() for p in net.parameters()),
+                  **{k: v for k, v in result.items() if isinstance(v, (int, float, str, bool)) or v is None}}
+        self.records.append(record)
+        self._write_json("metric_points.json", self.state_dict())
+        if isinstance(record.get(self.metric_key), (int, float)):
+            self._tb_scalar(f"prunetrain/{self.metric_key}", record[self.metric_key], step)
+            self._tb_scalar(f"prunetrain/{self.metric_key}_vs_step_seconds", record[self.metric_key],
+                            int(round(self.step_seconds)))
+            self._log(f"{label(step, epoch)}: {self.metric_key} {record[self.metric_key]:.2f} after "
+                      f"{self.step_seconds / 60:.1f} min of training steps ({record['heads']} heads)")
+
+    def on_train_end(self, args, state, control, **kwargs):
+        self._finish_plan(state)
+        self._write_json("metric_points.json", self.state_dict())
+        super().on_train_end(args, state, control, **kwargs)
+
+    # checkpoint state -----------------------------------------------------------------------------------------------
+    def state_dict(self) -> dict:
+        return {"records": self.records, "segments": self.segments, "step_seconds": self.step_seconds,
+                "wall_seconds": self.wall_seconds(), **self.points_state()}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.records = list(state.get("records", []))
+        self.segments = list(state.get("segments", []))
+        self.step_seconds = float(state.get("step_seconds", 0.0))
+        self._wall_before = float(state.get("wall_seconds", 0.0))
+        self.load_points_state(state)
+
+
+def heads_alive(model) -> int:
+    """Heads the model computes with: present and not zeroed by an attached mask."""
+    mask = combined_attached(model)
+    return find_heads(model).total_heads if mask is None else int(mask.num_kept)
+
+
+__all__ = ["MetricPointsCallback", "heads_alive"]
