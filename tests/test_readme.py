@@ -59,8 +59,9 @@ def test_the_head_engine_example(tmp_path, monkeypatch):
         torch.testing.assert_close(model.eval()(**batch).logits, loaded(**batch).logits, rtol=0, atol=1e-6)
 
 
-@pytest.mark.slow
-def test_the_trainer_example(tmp_path, multi30k_dir):
+def _trainer_namespace(tmp_path, multi30k_dir, eval_name: str, eval_split: str, **schedule) -> dict:
+    """The names the README's Trainer examples leave to the reader: a tiny Marian model, 32 real training pairs, its
+    tokenizer and collator, training arguments (`schedule`: epochs or max_steps) and 4 evaluation pairs."""
     from transformers import MarianMTModel, Seq2SeqTrainer, Seq2SeqTrainingArguments
 
     from prunetrain.mt.data import build_dataset, make_collator, marian_config, read_parallel, train_tokenizer
@@ -69,12 +70,18 @@ def test_the_trainer_example(tmp_path, multi30k_dir):
     tok = train_tokenizer(pairs, vocab_size=300)
     torch.manual_seed(0)
     model = MarianMTModel(marian_config(tok, d_model=32, ffn_dim=64, layers=2, heads=4, dropout=0.0))
-    args = Seq2SeqTrainingArguments(output_dir=str(tmp_path / "run"), num_train_epochs=10,
-                                    per_device_train_batch_size=16, use_cpu=True, report_to=[], save_strategy="no",
-                                    disable_tqdm=True, logging_strategy="no")
-    namespace = {"Seq2SeqTrainer": Seq2SeqTrainer, "model": model, "args": args,
-                 "train": build_dataset(pairs, tok, max_length=24), "collator": make_collator(tok, model),
-                 "tok": tok, "dev_pairs": read_parallel(multi30k_dir, "valid", limit=4)}
+    args = Seq2SeqTrainingArguments(output_dir=str(tmp_path / "run"), per_device_train_batch_size=16, use_cpu=True,
+                                    report_to=[], save_strategy="no", disable_tqdm=True, logging_strategy="no",
+                                    **schedule)
+    return {"Seq2SeqTrainer": Seq2SeqTrainer, "model": model, "args": args,
+            "train": build_dataset(pairs, tok, max_length=24), "collator": make_collator(tok, model),
+            "tok": tok, eval_name: read_parallel(multi30k_dir, eval_split, limit=4)}
+
+
+@pytest.mark.slow
+def test_the_trainer_example(tmp_path, multi30k_dir):
+    namespace = _trainer_namespace(tmp_path, multi30k_dir, "dev_pairs", "valid", num_train_epochs=10)
+    model = namespace["model"]
     exec(compile(block("PruningCurveCallback(at_epochs"), "README.md", "exec"), namespace)
     out = tmp_path / "run" / "prunetrain"
     # 32 pairs in batches of 16: 2 steps per epoch; files and curves are keyed by global step, labelled with the epoch
@@ -89,20 +96,8 @@ def test_the_trainer_example(tmp_path, multi30k_dir):
 @pytest.mark.slow
 def test_the_mask_then_shrink_example(tmp_path, multi30k_dir):
     """The README's schedule as written (masks at 450 and 950, shrinks at 700 and 1200) on a tiny model."""
-    from transformers import MarianMTModel, Seq2SeqTrainer, Seq2SeqTrainingArguments
-
-    from prunetrain.mt.data import build_dataset, make_collator, marian_config, read_parallel, train_tokenizer
-
-    pairs = read_parallel(multi30k_dir, "train", limit=32)
-    tok = train_tokenizer(pairs, vocab_size=300)
-    torch.manual_seed(0)
-    model = MarianMTModel(marian_config(tok, d_model=32, ffn_dim=64, layers=2, heads=4, dropout=0.0))
-    args = Seq2SeqTrainingArguments(output_dir=str(tmp_path / "run"), max_steps=1250, per_device_train_batch_size=16,
-                                    use_cpu=True, report_to=[], save_strategy="no", disable_tqdm=True,
-                                    logging_strategy="no")
-    namespace = {"Seq2SeqTrainer": Seq2SeqTrainer, "model": model, "args": args,
-                 "train": build_dataset(pairs, tok, max_length=24), "collator": make_collator(tok, model),
-                 "tok": tok, "test_pairs": read_parallel(multi30k_dir, "test", limit=4)}
+    namespace = _trainer_namespace(tmp_path, multi30k_dir, "test_pairs", "test", max_steps=1250)
+    model = namespace["model"]
     exec(compile(block("MetricPointsCallback("), "README.md", "exec"), namespace)
     clock, pruning = namespace["clock"], namespace["pruning"]
     assert [(e["step"], e["mode"], e["heads_after"]) for e in pruning.events] == [
