@@ -182,6 +182,9 @@ def test_smoke_recipe_runs_end_to_end(smoke_recipe_run):
     assert (out / "pruned" / "tokenizer.json").is_file()
     loaded = pt.load_pruned(out / "pruned")
     assert pt.find_heads(loaded).total_heads == 12
+    # the Trainer turns use_cache off while training; the saved model says what the model itself says
+    assert json.loads((out / "pruned" / "config.json").read_text())["use_cache"] is True
+    assert loaded.config.use_cache is True
     curves = json.loads((out / "prunetrain" / "curves.json").read_text())
     (entry,) = curves.values()  # curve_steps [40]: 1000 pairs in batches of 50, so step 40 ends epoch 2
     assert (entry["step"], entry["epoch"], entry["label"]) == (40, 2.0, "step 40 (epoch 2.00)")

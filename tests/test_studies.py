@@ -68,6 +68,14 @@ def test_ablate_each_head_matches_masks_writes_figure_and_tensorboard(tmp_path, 
     assert (tmp_path / "ablation_hist.png").read_bytes()[:4] == b"\x89PNG"
     assert json.loads((tmp_path / "ablation.json").read_text())["summary"]["num_heads"] == 24
     assert not (tmp_path / "ablation.partial.json").exists()
+    table = (tmp_path / "ablation.md").read_text()  # Table 1: a layer × head grid per kind, Δ in each cell
+    grid_rows = [line for line in table.splitlines() if line.startswith("| ") and not line.startswith("| layer")]
+    assert len(grid_rows) == 6  # 2 layers × 3 kinds
+    kind = row["kind"]
+    section = table.split(f"**{kind}**")[1].splitlines()
+    cells = next(line for line in section if line.startswith(f"| {row['layer']} |")).strip("| ").split(" | ")[1:]
+    shown = cells[row["head"]].strip("*")
+    assert shown == f"{row['delta']:+.2f}" and (cells[row["head"]].startswith("**") == (abs(row["delta"]) > 5e-5))
     logged = read_scalars(tmp_path / "tensorboard")["ablate/delta"]
     assert [v for _, v in sorted(logged)] == pytest.approx(deltas, abs=1e-5)
     assert read_image_tags(tmp_path / "tensorboard") == {"ablate/ablation_hist": 1}

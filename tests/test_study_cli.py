@@ -54,8 +54,9 @@ def memorized(tmp_path_factory, multi30k_dir):
     return root / "model", data
 
 
-def _bleu_with_mask(model_dir: Path, data: Path, drop: dict[str, list[int]]) -> float:
-    """BLEU on the six valid pairs with the heads in `drop` masked, computed here (not by the study code)."""
+def _bleu_with_mask(model_dir: Path, data: Path, drop: dict[str, list[int]], limit: int | None = None) -> float:
+    """BLEU on the six valid pairs (the first `limit` of them) with the heads in `drop` masked, computed here (not
+    by the study code)."""
     from prunetrain.engine.mask import HeadMask
     from prunetrain.mt.data import read_parallel
     from prunetrain.engine.model_dir import load_model_dir
@@ -63,7 +64,7 @@ def _bleu_with_mask(model_dir: Path, data: Path, drop: dict[str, list[int]]) -> 
 
     model = load_model_dir(model_dir).eval()
     tokenizer = load_model_tokenizer(model_dir, None)
-    pairs = read_parallel(data, "valid")
+    pairs = read_parallel(data, "valid", limit=limit)
     with torch.no_grad(), HeadMask.from_heads(model, drop).applied(model):
         return evaluate_bleu(model, tokenizer, pairs, batch_size=100, num_beams=1)["bleu"]
 
@@ -235,6 +236,13 @@ def test_curves_per_kind_cross_dataset_and_speed(tmp_path, memorized, ablation_r
     heads = json.loads((tmp_path / "reused" / "cross_dataset.json").read_text())["heads"]
     assert [h["delta_a"] for h in heads] == [r["delta"] for r in ablation["heads"]]  # taken from the file as is
     assert reused["pearson"] == pytest.approx(1.0)
+    fewer, _ = _study("cross-dataset", model_dir, data, tmp_path / "fewer", "--other-data-dir", data,
+                      "--other-split", "test", "--other-sentences", "3", "--ablation", ablation_run[0] / "ablation.json")
+    saved = json.loads((tmp_path / "fewer" / "cross_dataset.json").read_text())
+    assert saved["args"]["a"]["sentences"] == 6 and saved["args"]["b"]["sentences"] == 3
+    assert saved["base"] == [pytest.approx(base, abs=1e-9), pytest.approx(_bleu_with_mask(model_dir, data, {}, 3),
+                                                                            abs=1e-9)]
+    assert saved["base"][1] != pytest.approx(base, abs=1e-6)  # three pairs score differently from six
 
     speed, stderr = _study("speed", model_dir, data, tmp_path / "speed", "--fractions", "0.5", "--batch-sizes", "2",
                            "--seq-lens", "8", "--repeats", "1", "--num-batches", "1")
@@ -261,6 +269,8 @@ def test_bad_study_arguments_are_one_line_and_exit_2(tmp_path, memorized, ablati
          r"--other-data-dir: '.*nowhere' is not a directory"),
         (("cross-dataset", model_dir, "--data-dir", data, "--other-data-dir", data, "--ablation", ablation,
           "--sentences", "5"), r"--ablation: '.*ablation.json' was made with other settings: sentences 6 \(here 5\)"),
+        (("cross-dataset", model_dir, "--data-dir", data, "--other-data-dir", data, "--other-sentences", "0"),
+         r"--other-sentences: 0 is not allowed"),
         (("curves", model_dir, "--data-dir", data, "--fractions", "0,x"), r"--fractions: '0,x' is not a comma-sep"),
         (("curves", model_dir, "--data-dir", data, "--seeds", "0"), r"--seeds: 0 is not allowed"),
         (("per-kind", model_dir, "--data-dir", data, "--fractions", "0,2"), r"--fractions: "),

@@ -155,7 +155,11 @@ def cross_dataset(model: Path = MODEL, data_dir: Path = DATA_DIR, split: str = S
                   other_data_dir: Path = typer.Option(..., help="The second (e.g. out-of-domain) dataset's "
                                                                 "directory, e.g. ../shared/data/wmt_newstest."),
                   other_split: str = typer.Option("test", help="The second dataset's split, e.g. newstest2014."),
-                  sentences: int = SENTENCES, beams: int = BEAMS, batch_size: int = BATCH_SIZE,
+                  sentences: int = SENTENCES,
+                  other_sentences: Optional[int] = typer.Option(None, help="Sentences of the second dataset (the "
+                                                                           "first N of --other-split; default: "
+                                                                           "--sentences)."),
+                  beams: int = BEAMS, batch_size: int = BATCH_SIZE,
                   ablation: Optional[Path] = typer.Option(None, help=ABLATION_HELP + " with the same --data-dir, "
                                                                      "--split, --sentences and --beams: the first "
                                                                      "dataset's effects are taken from it."),
@@ -164,7 +168,8 @@ def cross_dataset(model: Path = MODEL, data_dir: Path = DATA_DIR, split: str = S
     and a scatter plot. Writes cross_dataset.json and cross_dataset.png."""
     from prunetrain.methods.studies import cross_dataset as run
 
-    _positive(sentences=sentences, beams=beams, batch_size=batch_size)
+    other_sentences = sentences if other_sentences is None else other_sentences
+    _positive(sentences=sentences, other_sentences=other_sentences, beams=beams, batch_size=batch_size)
     _check_data_dir(data_dir)
     _check_data_dir(other_data_dir, "--other-data-dir")
     previous = _read_ablation(ablation)
@@ -177,7 +182,7 @@ def cross_dataset(model: Path = MODEL, data_dir: Path = DATA_DIR, split: str = S
         if differ:
             raise UserError(f"--ablation: {str(ablation)!r} was made with other settings: " + ", ".join(
                 f"{k} {saved.get(k)!r} (here {settings_a[k]!r})" for k in differ) + ".")
-    second, settings_b = _bleu(model, tokenizer, other_data_dir, other_split, sentences, beams, batch_size)
+    second, settings_b = _bleu(model, tokenizer, other_data_dir, other_split, other_sentences, beams, batch_size)
     names = (f"{data_dir.name}/{split}", f"{other_data_dir.name}/{other_split}")
     try:
         result = run(net, [first, second], key="bleu", names=names, ablation=previous, out_dir=out,

@@ -226,6 +226,8 @@ def ablate_each_head(model: nn.Module, metric: Metric, *, key: str = "value", hi
     result = journal.finish({"study": "ablate", "metric": key, "base": base, "heads": rows, "summary": summary,
                              "seconds": time.perf_counter() - start})
     out = _Outputs(out_dir, "ablate")
+    if out.out is not None:
+        (out.out / "ablation.md").write_text(ablation_table(result), encoding="utf-8")
     for i, d in enumerate(deltas):
         out.scalar("delta", d, i)
     plt = pyplot()
@@ -242,6 +244,26 @@ def ablate_each_head(model: nn.Module, metric: Metric, *, key: str = "value", hi
     out.figure(fig, "ablation_hist.png")
     out.close()
     return result
+
+
+def ablation_table(result: Mapping) -> str:
+    """Michel Table 1 as Markdown from an `ablate_each_head` result: one grid per attention kind, a row per layer, a
+    column per head, each cell the Δ of removing that head alone; cells beyond the result's threshold are bold."""
+    threshold = result["summary"]["threshold"]
+    lines = [f"Base {result['metric']}: {result['base']:.2f}. Each cell: the change when that head alone is removed "
+             f"(**bold**: |Δ| > {threshold:g})."]
+    rows = result["heads"]
+    for kind in dict.fromkeys(r["kind"] for r in rows):
+        mine = [r for r in rows if r["kind"] == kind]
+        heads = max(r["head"] for r in mine) + 1
+        lines += ["", f"**{kind}**", "", "| layer | " + " | ".join(str(h) for h in range(heads)) + " |",
+                  "|---|" + "---|" * heads]
+        for layer in sorted(dict.fromkeys(r["layer"] for r in mine)):
+            cells = {r["head"]: r["delta"] for r in mine if r["layer"] == layer}
+            lines.append(f"| {layer} | " + " | ".join(
+                "" if h not in cells else (f"**{cells[h]:+.2f}**" if abs(cells[h]) > threshold else f"{cells[h]:+.2f}")
+                for h in range(heads)) + " |")
+    return "\n".join(lines) + "\n"
 
 
 # -------------------------------------------------------------------------------------------------------------------

@@ -30,7 +30,7 @@ from prunetrain.engine.heads import KINDS, find_heads
 from prunetrain.engine.mask import HeadMask
 from prunetrain.mt.recipe import GateSweepRecipe
 from prunetrain.mt.run_dir import mark_complete, prepare_output_dir
-from prunetrain.mt.training_setup import TimeLimitCallback, training_args
+from prunetrain.mt.training_setup import TimeLimitCallback, train_seq2seq, training_args
 from prunetrain.utils.plots import TensorBoardLog, pyplot
 
 ENCODER_ONLY = "encoder-only"
@@ -99,9 +99,7 @@ def gate_run(model: nn.Module, tokenizer, train_set, valid_pairs, out: Path, *, 
              recipe: GateSweepRecipe, bf16: bool) -> dict:
     """Fine-tune `model` (modified in place) with Hard-Concrete gates, shrink it to the deterministic gates and score
     it. Returns the run record (also written to `out/result.json`)."""
-    from transformers import Seq2SeqTrainer
 
-    from prunetrain.mt import data as D
     from prunetrain.training.callbacks import HardConcreteCallback
     from prunetrain.engine.shrink import shrink
     from prunetrain.mt.translation import evaluate_bleu
@@ -114,10 +112,7 @@ def gate_run(model: nn.Module, tokenizer, train_set, valid_pairs, out: Path, *, 
     args = _training_args(out, steps=t.steps, batch_size=t.batch_size, learning_rate=t.learning_rate,
                           label_smoothing=t.label_smoothing, seed=t.seed, bf16=bf16, logging_steps=t.logging_steps)
     model.train()
-    trainer = Seq2SeqTrainer(model=model, args=args, train_dataset=train_set,
-                             data_collator=D.make_collator(tokenizer, model), processing_class=tokenizer,
-                             callbacks=[callback])
-    trainer.train()
+    train_seq2seq(model, args, train_set, tokenizer, [callback])
     train_minutes = (time.time() - started) / 60
     mask = callback.final_mask
     for param in model.parameters():
@@ -270,7 +265,7 @@ def scratch_run(recipe: GateSweepRecipe, runs: list, model_dir: Path, tokenizer,
                 bf16: bool, *, resume: bool, progress: Callable[[str], None]) -> dict:
     """Voita Table 2 "from scratch": a freshly initialised model with the chosen run's head configuration, trained
     with the source recipe's optimiser settings for as many steps as the source model (or `sweep.scratch_steps`)."""
-    from transformers import AutoConfig, MarianMTModel, Seq2SeqTrainer
+    from transformers import AutoConfig, MarianMTModel
 
     from prunetrain.engine.persist import shrink_to_layout
     from prunetrain.mt import data as D
@@ -305,10 +300,7 @@ def scratch_run(recipe: GateSweepRecipe, runs: list, model_dir: Path, tokenizer,
                           seed=recipe.train.seed, bf16=bf16, logging_steps=50,
                           warmup_steps=pt.warmup_steps if pt else 300,
                           scheduler=pt.scheduler if pt else "inverse_sqrt")
-    trainer = Seq2SeqTrainer(model=model, args=args, train_dataset=train_set,
-                             data_collator=D.make_collator(tokenizer, model), processing_class=tokenizer,
-                             callbacks=[limit])
-    trainer.train()
+    trainer = train_seq2seq(model, args, train_set, tokenizer, [limit])
     model.eval()
     scored = evaluate_bleu(model, tokenizer, valid_pairs, batch_size=recipe.eval.batch_size,
                            num_beams=recipe.eval.num_beams, autocast_bf16=bf16)

@@ -21,7 +21,7 @@ import torch
 
 from prunetrain.mt.recipe import Recipe
 from prunetrain.mt.run_dir import mark_complete, prepare_output_dir
-from prunetrain.mt.training_setup import training_args
+from prunetrain.mt.training_setup import train_seq2seq, training_args
 from prunetrain.training.time_cap import TimeCapCallback
 
 
@@ -156,9 +156,6 @@ def make_callbacks(recipe: Recipe, inputs: RunInputs) -> tuple[list, TimeCapCall
 
 def train(recipe: Recipe, model, inputs: RunInputs, out_dir: Path, callbacks: list, *, resume: bool):
     """Train with `Seq2SeqTrainer` (resuming from the last complete checkpoint); returns the trained model."""
-    from transformers import Seq2SeqTrainer
-
-    from prunetrain.mt.data import make_collator
     from prunetrain.training.callbacks import last_complete_checkpoint, restore_layout
 
     t = recipe.train
@@ -175,11 +172,7 @@ def train(recipe: Recipe, model, inputs: RunInputs, out_dir: Path, callbacks: li
         if checkpoint is None:
             raise ValueError(f"--resume: {str(out_dir)!r} has no checkpoint-* directory to resume from.")
         restore_layout(model, checkpoint)
-    trainer = Seq2SeqTrainer(model=model, args=args, train_dataset=inputs.train_set,
-                             data_collator=make_collator(inputs.tokenizer, model),
-                             processing_class=inputs.tokenizer, callbacks=callbacks)
-    trainer.train(resume_from_checkpoint=checkpoint)
-    return trainer.model
+    return train_seq2seq(model, args, inputs.train_set, inputs.tokenizer, callbacks, checkpoint).model
 
 
 def original_heads(recipe: Recipe) -> int:

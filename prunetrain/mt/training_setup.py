@@ -1,4 +1,5 @@
-"""What every translation recipe's `Seq2SeqTrainer` shares: its arguments and a wall-clock limit."""
+"""What every translation recipe's `Seq2SeqTrainer` shares: its arguments, how it is built and run, and a wall-clock
+limit."""
 
 from __future__ import annotations
 
@@ -48,3 +49,27 @@ def training_args(output_dir: str | Path, **settings):
                   use_cpu=not torch.cuda.is_available(), dataloader_num_workers=0,
                   train_sampling_strategy="group_by_length", adam_beta2=0.98)
     return Seq2SeqTrainingArguments(output_dir=str(output_dir), **(shared | settings))
+
+
+def train_seq2seq(model, args, train_set, tokenizer, callbacks=(), resume_from_checkpoint=None):
+    """Build the recipes' `Seq2SeqTrainer` (the project's collator, the tokenizer as processing class) and train.
+
+    The Trainer sets `model.config.use_cache` to `TrainingArguments.use_cache` (False) when it is built, so a model
+    saved after training would say `use_cache: false` and a plain `model(...)` would build no cache; the model's own
+    value is put back when training ends. Returns the trainer.
+    """
+    from transformers import Seq2SeqTrainer
+
+    from prunetrain.mt.data import make_collator
+
+    config = getattr(model, "config", None)
+    use_cache = getattr(config, "use_cache", None)
+    trainer = Seq2SeqTrainer(model=model, args=args, train_dataset=train_set,
+                             data_collator=make_collator(tokenizer, model), processing_class=tokenizer,
+                             callbacks=list(callbacks))
+    try:
+        trainer.train(resume_from_checkpoint=resume_from_checkpoint)
+    finally:
+        if use_cache is not None:
+            config.use_cache = use_cache
+    return trainer
