@@ -407,6 +407,11 @@ def pearson(a: Sequence[float], b: Sequence[float]) -> float:
     return cov / var if var else float("nan")
 
 
+def defined(correlation: float | None) -> float | None:
+    """A correlation for JSON: None where it is undefined (NaN: one series is constant)."""
+    return None if correlation is None or math.isnan(correlation) else correlation
+
+
 def spearman(a: Sequence[float], b: Sequence[float]) -> float:
     """Spearman rank correlation: Pearson's r of the ranks (average ranks for ties)."""
     if len(a) != len(b) or len(a) < 2:
@@ -471,7 +476,7 @@ def cross_dataset(model: nn.Module, metrics: Sequence[Metric], *, key: str = "va
     a, b = [r["delta"] for r in rows_a], [r["delta"] for r in rows_b]
     heads = [{"site": ra["site"], "kind": ra["kind"], "layer": ra["layer"], "head": ra["head"],
               "delta_a": ra["delta"], "delta_b": rb["delta"]} for ra, rb in zip(rows_a, rows_b)]
-    r, rho = (None if math.isnan(x) else x for x in (pearson(a, b), spearman(a, b)))  # NaN: a constant series
+    r, rho = defined(pearson(a, b)), defined(spearman(a, b))
     result = journal.finish({"study": "cross-dataset", "metric": key, "datasets": list(names),
                              "base": [base_a, base_b], "pearson": r, "spearman": rho, "num_heads": len(heads),
                              "heads": heads, "seconds": time.perf_counter() - start})
@@ -794,5 +799,6 @@ def speed_study(model: nn.Module, batches: Iterable, *, fractions: Sequence[floa
     return result
 
 
-__all__ = ["Journal", "PAPER_SPEEDUP_AT_HALF", "ablate_each_head", "cross_dataset", "keep_one_head_per_layer",
+__all__ = ["Journal", "PAPER_SPEEDUP_AT_HALF", "ablate_each_head", "ablation_table", "cross_dataset", "defined",
+           "keep_one_head_per_layer",
            "pearson", "per_kind_curves", "pruning_curves_study", "speed_study", "spearman", "within"]

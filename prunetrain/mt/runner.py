@@ -287,6 +287,7 @@ def run_recipe(recipe: Recipe, out_dir: str | Path, *, data_dir: str | None = No
     final["mask"].to_json(out_dir / "final_mask.json")
     bench = benchmark(recipe, inputs.tokenizer, final["pruned"], out_dir, inputs.bf16, progress)
     final_layout = find_heads(final["pruned"])
+    final_parameters = sum(x.numel() for x in final["pruned"].parameters())
     step_seconds = clock.step_seconds
     results = {
         "recipe": recipe.to_dict(), "train_minutes": train_minutes, "total_minutes": (time.time() - started) / 60,
@@ -295,11 +296,12 @@ def run_recipe(recipe: Recipe, out_dir: str | Path, *, data_dir: str | None = No
         "points": points_summary(out_dir, late), "heads_original": original_heads(recipe),
         "heads_trained": final["mask"].num_heads, "heads_total": original_heads(recipe),
         "heads_kept": final_layout.total_heads, "kept_per_kind": final_layout.heads_per_kind(),
-        "parameters_final": sum(x.numel() for x in final["pruned"].parameters()),
+        "parameters_final": final_parameters,
         "trained_name": trained_name(recipe, final["mask"].num_heads),
         "test_full": _strip(final["full"]), "test_masked": _strip(final["masked"]) if final["masked"] else None,
         "test_pruned": _strip(final["shrunk"]), "bench": bench, "saved": saved,
-        "bleu_over_training": clock.records + [final_record(final, clock, time_cap)],
+        "bleu_over_training": clock.records + [final_record(final["shrunk"], final_layout.total_heads,
+                                                            final_parameters, clock, time_cap)],
         "step_rate": clock.segments, "pruning_events": _read_json(out_dir / "prunetrain" / "pruning_events.json"),
     }
     (out_dir / "results.json").write_text(json.dumps(results, indent=1))
@@ -325,16 +327,11 @@ def save_final_models(recipe: Recipe, final: dict, tokenizer, out_dir: Path) -> 
     return saved
 
 
-def final_record(final: dict, clock, time_cap) -> dict:
-    """The last point of the BLEU-over-training curve: the final model's test score at the last step."""
-    from prunetrain.engine.heads import find_heads
-
-    result = final["shrunk"]
+def final_record(result: dict, heads: int, parameters: int, clock, time_cap) -> dict:
+    """The last point of the BLEU-over-training curve: the final model's test score (`result`) at the last step."""
     return {"step": int(time_cap.last_step or 0), "epoch": time_cap.last_epoch, "kind": "final",
             "step_seconds": clock.step_seconds, "wall_seconds": clock.wall_seconds(), "bleu": result["bleu"],
-            "heads": find_heads(final["pruned"]).total_heads,
-            "parameters": sum(x.numel() for x in final["pruned"].parameters()),
-            "sentences_per_second": result.get("sentences_per_second")}
+            "heads": heads, "parameters": parameters, "sentences_per_second": result.get("sentences_per_second")}
 
 
 def _read_json(path: Path):

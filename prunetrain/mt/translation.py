@@ -55,6 +55,32 @@ def _check_lengths(encoded: Sequence[Sequence[int]], limit: int | None) -> None:
                              f"positions; shorten it or pass max_source_length={limit} to truncate.")
 
 
+def _sorted_batches(tokenizer, encoded: Sequence[Sequence[int]], batch_size: int, limit: int | None,
+                    max_new_tokens: int | None, desc: str | None = None):
+    """The batches both translators run: sources sorted by length (longest first; stable, ties keep input order),
+    padded: an iterator of (rows, padded batch, each row's new-token bound `_length_caps`). The lengths are checked
+    here, before any batch runs. `desc` shows a progress bar."""
+    _check_lengths(encoded, limit)
+    caps = _length_caps([len(ids) for ids in encoded], max_new_tokens, limit - 1 if limit else None)
+    order = sorted(range(len(encoded)), key=lambda i: -len(encoded[i]))
+    starts = range(0, len(order), batch_size)
+
+    def batches():
+        for start in (bar(starts, total=len(starts), desc=desc, unit="batch") if desc else starts):
+            rows = order[start:start + batch_size]
+            yield rows, tokenizer.pad({"input_ids": [encoded[i] for i in rows]}, return_tensors="pt"), \
+                [caps[i] for i in rows]
+
+    return batches()
+
+
+def _decode_rows(tokenizer, outputs: list, rows: Sequence[int], pieces) -> None:
+    """Detokenize `pieces` (token id lists) into `outputs` at their input positions `rows`."""
+    texts = tokenizer.batch_decode(pieces, skip_special_tokens=True, clean_up_tokenization_spaces=False)
+    for i, text in zip(rows, texts):
+        outputs[i] = text.strip()
+
+
 def translate(model: nn.Module, tokenizer, sources: Sequence[str], *, batch_size: int = 64, num_beams: int = 1,
               max_new_tokens: int | None = None, autocast_bf16: bool | str = False,
               device: str | torch.device | None = None, max_source_length: int | None = None,
@@ -93,9 +119,7 @@ def translate(model: nn.Module, tokenizer, sources: Sequence[str], *, batch_size
     encoded = tokenizer(sources, truncation=max_source_length is not None, max_length=max_source_length,
                         return_attention_mask=False, verbose=False)["input_ids"]
     limit = getattr(getattr(model, "config", None), "max_position_embeddings", None)
-    _check_lengths(encoded, limit)
-    caps = _length_caps([len(ids) for ids in encoded], max_new_tokens, limit - 1 if limit else None)
-    order = sorted(range(len(sources)), key=lambda i: -len(encoded[i]))  # stable: ties keep input order
+    batches = _sorted_batches(tokenizer, encoded, batch_size, limit, max_new_tokens, desc="translate")
     kwargs = dict(num_beams=num_beams, do_sample=False)
     if suppress_pad and "suppress_tokens" not in generate_kwargs and "bad_words_ids" not in generate_kwargs:
         kwargs["suppress_tokens"] = [tokenizer.pad_token_id]
@@ -109,12 +133,8 @@ def translate(model: nn.Module, tokenizer, sources: Sequence[str], *, batch_size
             model.to(device)
         model.eval()
         with torch.inference_mode(), autocast:
-            starts = range(0, len(order), batch_size)
-            for start in bar(starts, total=len(starts), desc="translate", unit="batch"):
-                rows = order[start:start + batch_size]
-                batch = tokenizer.pad({"input_ids": [encoded[i] for i in rows]}, return_tensors="pt")
+            for rows, batch, row_caps in batches:
                 batch = {k: v.to(device) for k, v in batch.items()}
-                row_caps = [caps[i] for i in rows]
                 bound = max(row_caps)
                 extra = {}
                 if "min_new_tokens" in kwargs:
@@ -125,10 +145,7 @@ def translate(model: nn.Module, tokenizer, sources: Sequence[str], *, batch_size
                     pieces = [generated[j, :cap] for j, cap in enumerate(row_caps)]
                 else:
                     pieces = list(generated)
-                texts = tokenizer.batch_decode([p.tolist() for p in pieces], skip_special_tokens=True,
-                                               clean_up_tokenization_spaces=False)
-                for i, text in zip(rows, texts):
-                    outputs[i] = text.strip()
+                _decode_rows(tokenizer, outputs, rows, [p.tolist() for p in pieces])
     finally:
         if device != original_device:
             model.to(original_device)
@@ -160,25 +177,16 @@ def translate_onnx(directory: str | os.PathLike, tokenizer, sources: Sequence[st
         return []
     generator = OrtGenerator(directory, threads=threads)
     encoded = tokenizer(sources, return_attention_mask=False, verbose=False)["input_ids"]
-    _check_lengths(encoded, max_position_embeddings)
-    caps = _length_caps([len(ids) for ids in encoded], None,
-                        max_position_embeddings - 1 if max_position_embeddings else None)
-    order = sorted(range(len(sources)), key=lambda i: -len(encoded[i]))
     suppress = [tokenizer.pad_token_id] if suppress_pad else []
     outputs: list[str | None] = [None] * len(sources)
-    for start in range(0, len(order), batch_size):
-        rows = order[start:start + batch_size]
-        batch = tokenizer.pad({"input_ids": [encoded[i] for i in rows]}, return_tensors="pt")
-        row_caps = [caps[i] for i in rows]
+    for rows, batch, row_caps in _sorted_batches(tokenizer, encoded, batch_size, max_position_embeddings, None):
         generated = generator.greedy(batch["input_ids"], batch["attention_mask"], max(row_caps),
                                      decoder_start_token_id, suppress_tokens=suppress)[:, 1:]
         pieces = []
         for j, cap in enumerate(row_caps):
             row = generated[j, :cap].tolist()
             pieces.append(row[: row.index(eos_token_id) + 1] if eos_token_id in row else row)
-        texts = tokenizer.batch_decode(pieces, skip_special_tokens=True, clean_up_tokenization_spaces=False)
-        for i, text in zip(rows, texts):
-            outputs[i] = text.strip()
+        _decode_rows(tokenizer, outputs, rows, pieces)
     return outputs  # type: ignore[return-value]
 
 

@@ -65,7 +65,8 @@ class HeadPruningCallback(ScheduledCallback):
 
     def __init__(self, at_epochs=(1,), prune: Mapping[float, float | int] | Callable[[int], Any] | None = None, *,
                  at_steps: Iterable[int] = (), prune_steps: Mapping[int, float | int] | None = None,
-                 mode: str = "mask", shrink_steps: Iterable[int] = (), iterative: bool = False, step: float | int = 0.1, scope: str = "global",
+                 mode: str = "mask", shrink_steps: Iterable[int] = (), iterative: bool = False,
+                 step: float | int = 0.1, scope: str = "global",
                  kinds=None, min_heads_per_layer: int = 1, batches: Iterable | None = None, num_batches: int = 8,
                  scorer: str | Callable = "gradient", scorer_options: Mapping | None = None, record_end: bool = True,
                  output_dir: str | None = None, tensorboard: bool = True):
@@ -251,13 +252,11 @@ class HeadPruningCallback(ScheduledCallback):
                                                                                 f"{label(step, epoch)}"), step)
 
     def _record_stability(self, before: dict, after: dict) -> None:
-        from prunetrain.methods.studies import spearman
+        from prunetrain.methods.studies import defined, spearman
 
         common = sorted(set(before["alive"]) & set(after["alive"]))
-        rho = spearman([before["alive"][h] for h in common], [after["alive"][h] for h in common]) \
-            if len(common) >= 2 else None
-        if rho is not None and rho != rho:  # NaN: one side's scores are all equal (e.g. every gate closed)
-            rho = None
+        rho = defined(spearman([before["alive"][h] for h in common], [after["alive"][h] for h in common])) \
+            if len(common) >= 2 else None  # None also where one side's scores are all equal (every gate closed)
         entry = {"from_step": before["step"], "from_epoch": before["epoch"], "to_step": after["step"],
                  "to_epoch": after["epoch"], "label": f"{before['label']} → {after['label']}",
                  "heads_compared": len(common), "spearman": rho}
