@@ -168,7 +168,7 @@ def train(recipe: Recipe, model, inputs: RunInputs, out_dir: Path, callbacks: li
     )
     checkpoint = None
     if resume:
-        checkpoint = last_complete_checkpoint(out_dir)
+        checkpoint = last_complete_checkpoint(out_dir, callbacks)
         if checkpoint is None:
             raise ValueError(f"--resume: {str(out_dir)!r} has no checkpoint-* directory to resume from.")
         restore_layout(model, checkpoint)

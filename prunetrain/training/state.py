@@ -9,8 +9,10 @@ after the Trainer's own files, so a checkpoint that holds them is complete.
 from __future__ import annotations
 
 import json
+import os
 import random
 from pathlib import Path
+from typing import Iterable
 
 import torch
 from safetensors.torch import load_file, save_file
@@ -19,14 +21,25 @@ from torch import nn
 from prunetrain.engine.heads import LAYOUT_CONFIG_KEY, HeadLayout
 from prunetrain.engine.persist import shrink_to_layout
 
+TENSORS_KEY = "_prunetrain_tensors"  # in a callback's JSON state: whether a .safetensors file belongs to it
+
 
 def save_callback_state(checkpoint: Path, name: str, data: dict, tensors: dict[str, torch.Tensor]) -> None:
-    """Write one callback's JSON state (and tensors, if any) into a Trainer checkpoint directory."""
+    """Write one callback's JSON state (and tensors, if any) into a Trainer checkpoint directory.
+
+    The tensors go first and the JSON last, each written to a temporary name and renamed, so a process killed
+    part-way leaves either no JSON or a JSON whose tensors are all on disk: the JSON marks the state complete.
+    """
     checkpoint.mkdir(parents=True, exist_ok=True)
-    (checkpoint / f"prunetrain-{name}.json").write_text(json.dumps(data))
+    tensor_path = checkpoint / f"prunetrain-{name}.safetensors"
     if tensors:
-        save_file({k: v.detach().cpu().contiguous() for k, v in tensors.items()},
-                  str(checkpoint / f"prunetrain-{name}.safetensors"))
+        partial = tensor_path.with_name(tensor_path.name + ".partial")
+        save_file({k: v.detach().cpu().contiguous() for k, v in tensors.items()}, str(partial))
+        os.replace(partial, tensor_path)
+    json_path = checkpoint / f"prunetrain-{name}.json"
+    partial = json_path.with_name(json_path.name + ".partial")
+    partial.write_text(json.dumps({**data, TENSORS_KEY: bool(tensors)}))
+    os.replace(partial, json_path)
 
 
 def load_callback_state(checkpoint: Path, name: str, owner: str) -> tuple[dict, dict[str, torch.Tensor] | None]:
@@ -35,8 +48,13 @@ def load_callback_state(checkpoint: Path, name: str, owner: str) -> tuple[dict, 
     if not path.is_file():
         raise ValueError(f"resume: {str(checkpoint)!r} has no {path.name}; it was not written by a run with "
                          f"{owner}, so its pruning state cannot be restored.")
+    data = json.loads(path.read_text())
+    has_tensors = data.pop(TENSORS_KEY, None)
     tensors = checkpoint / f"prunetrain-{name}.safetensors"
-    return json.loads(path.read_text()), (load_file(str(tensors)) if tensors.is_file() else None)
+    if has_tensors and not tensors.is_file():
+        raise ValueError(f"resume: {str(checkpoint)!r} has {path.name} but not the {tensors.name} it was saved "
+                         f"with, so {owner}'s pruning state cannot be restored exactly.")
+    return data, (load_file(str(tensors)) if tensors.is_file() else None)
 
 
 def optimizer_state(prefix: str, optimizer: torch.optim.Optimizer) -> tuple[dict[str, float], dict[str, torch.Tensor]]:
@@ -90,17 +108,22 @@ class RngState:
             torch.cuda.set_rng_state_all(cuda)
 
 
-def last_complete_checkpoint(output_dir: str | Path) -> str | None:
-    """The newest `checkpoint-N` in `output_dir` that holds prunetrain's state (written last, in `on_save`), so a
-    checkpoint cut short by a crash is skipped; None if there is none.
+def last_complete_checkpoint(output_dir: str | Path, callbacks: Iterable | None = None) -> str | None:
+    """The newest `checkpoint-N` in `output_dir` that holds the Trainer's state and prunetrain's (written last, in
+    `on_save`), so a checkpoint cut short by a crash is skipped; None if there is none.
 
     Args:
         output_dir: the Trainer's output directory.
+        callbacks: the run's callbacks (any list; those that save prunetrain state count). A checkpoint must then
+            hold the state of every one of them — a kill between two callbacks' `on_save` leaves it incomplete.
+            Without it, the state of at least one prunetrain callback is required.
     """
+    names = {c.name for c in callbacks or () if callable(getattr(c, "tensor_state", None))}
     candidates = []
     for path in Path(output_dir).glob("checkpoint-*"):
         step = path.name.removeprefix("checkpoint-")
-        if step.isdigit() and any(path.glob("prunetrain-*.json")) and (path / "trainer_state.json").is_file():
+        saved = {p.name.removeprefix("prunetrain-").removesuffix(".json") for p in path.glob("prunetrain-*.json")}
+        if step.isdigit() and saved and names <= saved and (path / "trainer_state.json").is_file():
             candidates.append((int(step), path))
     return str(max(candidates)[1]) if candidates else None
 

@@ -77,7 +77,7 @@ def main():
         ddp_backend="gloo" if world > 1 else None)
     checkpoint = None
     if opts.resume:
-        checkpoint = last_complete_checkpoint(out)  # a checkpoint cut short by the kill is skipped
+        checkpoint = last_complete_checkpoint(out, [callback])  # a checkpoint cut short by the kill is skipped
         restore_layout(model, checkpoint)
     callbacks = [callback] if opts.kill_at_step is None or rank != 0 else [callback, _KillAt(opts.kill_at_step)]
     trainer = Seq2SeqTrainer(model=model, args=args, train_dataset=dataset, data_collator=collator,

@@ -54,7 +54,7 @@ def main():
                                     dataloader_num_workers=0)
     checkpoint = None
     if opts.resume:
-        checkpoint = last_complete_checkpoint(out)
+        checkpoint = last_complete_checkpoint(out, [pruning])
         restore_layout(model, checkpoint)
     callbacks = [pruning] + ([KillAt(opts.kill_at_step)] if opts.kill_at_step else [])
     trainer = Seq2SeqTrainer(model=model, args=args, train_dataset=dataset, data_collator=collator,

@@ -52,7 +52,7 @@ def main():
     )
     checkpoint = None
     if opts.resume:
-        checkpoint = last_complete_checkpoint(out)  # a checkpoint cut short by the kill is skipped
+        checkpoint = last_complete_checkpoint(out, [callback])  # a checkpoint cut short by the kill is skipped
         restore_layout(model, checkpoint)
     trainer = Seq2SeqTrainer(model=model, args=args, train_dataset=dataset, data_collator=collator,
                              processing_class=tokenizer, callbacks=[callback])
