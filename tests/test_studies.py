@@ -90,6 +90,9 @@ def test_interrupted_ablation_resumes_to_the_full_result_and_refuses_other_argum
                                  after_unit=_stop_after(7))
     partial = json.loads((tmp_path / "cut" / "ablation.partial.json").read_text())
     assert len(partial["units"]) == 7 and not (tmp_path / "cut" / "ablation.json").exists()
+    # a journal written before an argument existed reads it as None (no test for a metric without statistics)
+    assert partial["args"].pop("bootstrap_samples", "missing") is None
+    (tmp_path / "cut" / "ablation.partial.json").write_text(json.dumps(partial))
     with pytest.raises(ValueError, match=r"other arguments: data \(saved 'x', now 'y'\)"):
         studies.ablate_each_head(model, metric, key="score", out_dir=tmp_path / "cut", args={"data": "y"})
     evaluated = []
@@ -217,3 +220,97 @@ def test_speed_study_benchmarks_each_shrunk_fraction(tmp_path, model_and_metric)
     assert "| 50 % | 12 |" in (tmp_path / "speed.md").read_text()
     assert (tmp_path / "speed.png").is_file() and read_image_tags(tmp_path / "tensorboard") == {"speed/speed": 1}
     assert pt.find_heads(model).total_heads == 24  # the full model is left as it was
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# significance: every masked evaluation tested against the base by a paired bootstrap over the examples
+# ---------------------------------------------------------------------------------------------------------------------
+def _per_example_metric(batches):
+    """Negative mean per-example loss, returned with per-example statistics (one row each) and carrying
+    `score_from_stats`: a metric the studies can test for significance, like `bleu_metric(sentence_stats=True)`."""
+    count = sum(len(b["labels"]) for b in batches)
+
+    def metric(model):
+        rows = []
+        with torch.no_grad():
+            for batch in batches:
+                logits = model(**batch).logits
+                per_token = torch.nn.functional.cross_entropy(logits.transpose(1, 2), batch["labels"],
+                                                              reduction="none")
+                rows += [[-float(x)] for x in per_token.mean(1)]
+        return {"score": sum(r[0] for r in rows) / count, "sentence_stats": rows}
+
+    metric.score_from_stats = lambda sums: float(sums[0]) / count
+    return metric
+
+
+def test_studies_test_each_change_for_significance_like_the_paper(tmp_path, model_and_metric):
+    from prunetrain.methods.significance import paired_bootstrap
+
+    model, _, _ = model_and_metric
+    batches = [tiny_inputs("marian", batch=8, seed=s) for s in range(3)]
+    metric = _per_example_metric(batches)
+    alpha, samples = 0.05, 200
+    result = studies.ablate_each_head(model, metric, key="score", threshold=1.0, out_dir=tmp_path / "ablate",
+                                      bootstrap_samples=samples, alpha=alpha)
+    base_rows = metric(model)["sentence_stats"]
+    rows = result["heads"]
+    for row in rows[::7]:  # p-values against the test computed here from the masked model's own statistics
+        with pt.HeadMask.from_heads(model, {row["site"]: [row["head"]]}).applied(model):
+            masked = metric(model)["sentence_stats"]
+        assert row["p_value"] == paired_bootstrap(base_rows, masked, metric.score_from_stats, samples=samples)
+    summary = result["summary"]
+    significant = [r for r in rows if r["p_value"] < alpha]
+    assert summary["significance"] == {"test": "paired bootstrap (Koehn 2004), two-sided", "samples": samples,
+                                       "alpha": alpha}
+    assert summary["num_significant"] == len(significant) and 0 < len(significant) < len(rows)
+    assert summary["num_significant_worse"] + summary["num_significant_improving"] == len(significant)
+    # Table 1 marks exactly the significant cells with a dagger
+    table = (tmp_path / "ablate" / "ablation.md").read_text()
+    assert table.count("†") == len(significant) + 1  # and once in the legend
+    assert f"{len(significant)} of 24 heads" in table
+    # an interrupted run resumes to the same p-values (the base statistics were saved with the base unit)
+    with pytest.raises(Interrupted):
+        studies.ablate_each_head(model, metric, key="score", threshold=1.0, out_dir=tmp_path / "cut",
+                                 bootstrap_samples=samples, alpha=alpha, after_unit=_stop_after(5))
+    resumed = studies.ablate_each_head(model, metric, key="score", threshold=1.0, out_dir=tmp_path / "cut",
+                                       bootstrap_samples=samples, alpha=alpha)
+    assert _without_time(resumed) == _without_time(result)
+    with pytest.raises(ValueError, match=r"other arguments: bootstrap_samples \(saved 200, now 100\)"):
+        studies.ablate_each_head(model, metric, key="score", threshold=1.0, out_dir=tmp_path / "cut",
+                                 bootstrap_samples=100, alpha=alpha)
+
+    # §3.3: each site's change is tested too
+    one = studies.keep_one_head_per_layer(model, metric, key="score", ablation=result, bootstrap_samples=samples,
+                                          alpha=alpha, out_dir=tmp_path / "one")
+    row = one["layers"][2]
+    with pt.HeadMask.from_heads(model, {row["site"]: [h for h in range(4) if h != row["kept_head"]]}).applied(model):
+        masked = metric(model)["sentence_stats"]
+    assert row["p_value"] == paired_bootstrap(base_rows, masked, metric.score_from_stats, samples=samples)
+    assert one["summary"]["num_significant"] == sum(r["p_value"] < alpha for r in one["layers"])
+    assert "| p (paired bootstrap) |" in (tmp_path / "one" / "one_head_per_layer.md").read_text()
+
+    # §3.4: both datasets tested; the first reused from the ablation with its p-values; correlations over the
+    # heads significant on either
+    other = _per_example_metric([tiny_inputs("marian", batch=8, seed=s) for s in range(3, 5)])
+    cross = studies.cross_dataset(model, [metric, other], key="score", ablation=result, bootstrap_samples=samples,
+                                  alpha=alpha)
+    assert [h["p_a"] for h in cross["heads"]] == [r["p_value"] for r in rows]
+    b = studies.ablate_each_head(model, other, key="score", bootstrap_samples=samples, alpha=alpha)
+    assert [h["p_b"] for h in cross["heads"]] == [r["p_value"] for r in b["heads"]]
+    sig = cross["significance"]
+    either = [h for h in cross["heads"] if h["p_a"] < alpha or h["p_b"] < alpha]
+    assert sig["num_significant_either"] == len(either) > 2
+    assert sig["pearson_significant_either"] == pytest.approx(
+        studies.pearson([h["delta_a"] for h in either], [h["delta_b"] for h in either]))
+    with pytest.raises(ValueError, match=r"ablation: it was made without a significance test and this study "
+                                         r"tests with 200 resamples"):
+        studies.cross_dataset(model, [metric, other], key="score", bootstrap_samples=samples,
+                              ablation=studies.ablate_each_head(model, metric, key="score", bootstrap_samples=0))
+    # no test: no p-values, and a metric without statistics is never tested
+    plain = studies.ablate_each_head(model, metric, key="score", bootstrap_samples=0)
+    assert plain["summary"]["significance"] is None and {r["p_value"] for r in plain["heads"]} == {None}
+    with pytest.raises(ValueError, match=r"bootstrap_samples: -1 is not allowed; expected an integer >= 0"):
+        studies.ablate_each_head(model, metric, key="score", bootstrap_samples=-1)
+    with pytest.raises(ValueError, match=r"alpha: 1.5 is not allowed; expected a significance level in \(0, 1\)"):
+        studies.ablate_each_head(model, metric, key="score", alpha=1.5)

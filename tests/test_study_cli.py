@@ -54,9 +54,9 @@ def memorized(tmp_path_factory, multi30k_dir):
     return root / "model", data
 
 
-def _bleu_with_mask(model_dir: Path, data: Path, drop: dict[str, list[int]], limit: int | None = None) -> float:
-    """BLEU on the six valid pairs (the first `limit` of them) with the heads in `drop` masked, computed here (not
-    by the study code)."""
+def _scores_with_mask(model_dir: Path, data: Path, drop: dict[str, list[int]], limit: int | None = None) -> dict:
+    """`evaluate_bleu` (with per-sentence statistics) on the six valid pairs (the first `limit` of them) with the
+    heads in `drop` masked, computed here (not by the study code)."""
     from prunetrain.engine.mask import HeadMask
     from prunetrain.mt.data import read_parallel
     from prunetrain.engine.model_dir import load_model_dir
@@ -66,7 +66,20 @@ def _bleu_with_mask(model_dir: Path, data: Path, drop: dict[str, list[int]], lim
     tokenizer = load_model_tokenizer(model_dir, None)
     pairs = read_parallel(data, "valid", limit=limit)
     with torch.no_grad(), HeadMask.from_heads(model, drop).applied(model):
-        return evaluate_bleu(model, tokenizer, pairs, batch_size=100, num_beams=1)["bleu"]
+        return evaluate_bleu(model, tokenizer, pairs, batch_size=100, num_beams=1, sentence_stats=True)
+
+
+def _bleu_with_mask(model_dir: Path, data: Path, drop: dict[str, list[int]], limit: int | None = None) -> float:
+    return _scores_with_mask(model_dir, data, drop, limit)["bleu"]
+
+
+def _p_value_by_hand(model_dir: Path, data: Path, drop: dict[str, list[int]]) -> float:
+    """The paired bootstrap p-value of masking `drop` against the full model (1000 resamples, seed 0)."""
+    from prunetrain.methods.significance import paired_bootstrap
+    from prunetrain.mt.bleu_stats import bleu_from_stats
+
+    base = _scores_with_mask(model_dir, data, {})["sentence_stats"]
+    return paired_bootstrap(base, _scores_with_mask(model_dir, data, drop)["sentence_stats"], bleu_from_stats)
 
 
 
@@ -115,8 +128,9 @@ def test_every_study_has_its_own_help(capsys, monkeypatch):
     text = " ".join(shown.stdout.split())
     for name in STUDY_NAMES:
         assert name in text
-    own = {"ablate": ("--threshold", "--sentences"), "one-head": ("--ablation",),
-           "cross-dataset": ("--other-data-dir", "--other-split"), "curves": ("--seeds", "--fractions"),
+    own = {"ablate": ("--threshold", "--sentences", "--bootstrap-samples", "--alpha"),
+           "one-head": ("--ablation", "--bootstrap-samples", "--alpha"),
+           "cross-dataset": ("--other-data-dir", "--other-split", "--bootstrap-samples", "--alpha"), "curves": ("--seeds", "--fractions"),
            "per-kind": ("--fractions",), "speed": ("--batch-sizes", "--repeats", "--generate")}
     for name, flags in own.items():
         code, stdout, stderr = _main(capsys, monkeypatch, "study", name, "--help")
@@ -147,6 +161,12 @@ def test_ablate_matches_masking_by_hand_with_bar_figure_and_tensorboard(memorize
     worst = min(rows, key=lambda r: r["delta"])
     assert _bleu_with_mask(model_dir, data, {worst["site"]: [worst["head"]]}) == pytest.approx(worst["value"],
                                                                                                abs=1e-9)
+    # each change is tested for significance (paired bootstrap over the sentences), as in the paper's Table 1
+    assert worst["p_value"] == _p_value_by_hand(model_dir, data, {worst["site"]: [worst["head"]]}) < 0.05
+    assert {r["p_value"] for r in rows if r["delta"] == 0} <= {1.0}
+    test = result["summary"]["significance"]
+    assert test["samples"] == 1000 and test["alpha"] == 0.01 and result["args"]["bootstrap_samples"] == 1000
+    assert result["summary"]["num_significant"] == sum(r["p_value"] < 0.01 for r in rows)
     assert _bleu_with_mask(model_dir, data, {}) == pytest.approx(base, abs=1e-9)
     assert _is_png(out / "ablation_hist.png")
     scalars, images = _tensorboard(out)
@@ -161,8 +181,9 @@ def test_ablate_resumes_from_saved_units_and_refuses_other_arguments(tmp_path, m
     full = json.loads((ablation_run[0] / "ablation.json").read_text())
     out = tmp_path / "resumed"
     out.mkdir()
-    units = {"base": full["base"]}
-    units.update({f"{r['site']}/{r['head']}": r["value"] for r in full["heads"][:10]})
+    units = {"base#stats": _scores_with_mask(model_dir, data, {})["sentence_stats"], "base": full["base"]}
+    for r in full["heads"][:10]:
+        units.update({f"{r['site']}/{r['head']}#p": r["p_value"], f"{r['site']}/{r['head']}": r["value"]})
     marked = f"{full['heads'][3]['site']}/{full['heads'][3]['head']}"
     units[marked] = -1.0  # a value no evaluation gives: it can only come from the saved unit
     (out / "ablation.partial.json").write_text(json.dumps({"args": full["args"], "units": units}))
@@ -170,7 +191,7 @@ def test_ablate_resumes_from_saved_units_and_refuses_other_arguments(tmp_path, m
     result = json.loads((out / "ablation.json").read_text())
     assert result["heads"][3]["value"] == -1.0 and not (out / "ablation.partial.json").exists()
     for got, want in zip(result["heads"][4:], full["heads"][4:]):
-        assert got["value"] == pytest.approx(want["value"], abs=1e-9)
+        assert got["value"] == pytest.approx(want["value"], abs=1e-9) and got["p_value"] == want["p_value"]
     again = run_cli("study", "ablate", model_dir, "--data-dir", data, "--output", out, "--sentences", "5")
     lines = again.stderr.strip().splitlines()
     assert again.returncode == 2 and len(lines) == 1 and not again.stdout, again.stderr
@@ -190,8 +211,9 @@ def test_one_head_reuses_the_ablation_or_tries_each_head(tmp_path, memorized, ab
         deltas = {r["head"]: r["delta"] for r in ablation["heads"] if r["site"] == row["site"]}
         assert row["kept_head"] == min(deltas, key=deltas.get)
     row = rows[0]
-    assert _bleu_with_mask(model_dir, data, {row["site"]: [k for k in range(HEADS) if k != row["kept_head"]]}) \
-        == pytest.approx(row["value"], abs=1e-9)
+    others = {row["site"]: [k for k in range(HEADS) if k != row["kept_head"]]}
+    assert _bleu_with_mask(model_dir, data, others) == pytest.approx(row["value"], abs=1e-9)
+    assert row["p_value"] == _p_value_by_hand(model_dir, data, others)
     assert _is_png(tmp_path / "reused" / "one_head_per_layer.png")
     assert _tensorboard(tmp_path / "reused")[1] == {"one-head/one_head_per_layer": 1}
 
@@ -235,6 +257,8 @@ def test_curves_per_kind_cross_dataset_and_speed(tmp_path, memorized, ablation_r
                        "--other-split", "test", "--ablation", ablation_run[0] / "ablation.json")
     heads = json.loads((tmp_path / "reused" / "cross_dataset.json").read_text())["heads"]
     assert [h["delta_a"] for h in heads] == [r["delta"] for r in ablation["heads"]]  # taken from the file as is
+    assert [h["p_a"] for h in heads] == [r["p_value"] for r in ablation["heads"]]
+    assert [h["p_b"] for h in heads] == [r["p_value"] for r in ablation["heads"]]  # the same six pairs, same test
     assert reused["pearson"] == pytest.approx(1.0)
     fewer, _ = _study("cross-dataset", model_dir, data, tmp_path / "fewer", "--other-data-dir", data,
                       "--other-split", "test", "--other-sentences", "3", "--ablation", ablation_run[0] / "ablation.json")
@@ -261,6 +285,13 @@ def test_bad_study_arguments_are_one_line_and_exit_2(tmp_path, memorized, ablati
         (("ablate", tmp_path / "no-model", "--data-dir", data), r"model: '.*no-model'"),
         (("ablate", model_dir, "--data-dir", data, "--output", tmp_path / "a-file"), r"--output: '.*a-file' is a file"),
         (("ablate", model_dir, "--data-dir", data, "--threshold", "-1"), r"--threshold: -1.0 is not allowed"),
+        (("ablate", model_dir, "--data-dir", data, "--bootstrap-samples", "-1"),
+         r"--bootstrap-samples: -1 is not allowed; expected an integer >= 0"),
+        (("one-head", model_dir, "--data-dir", data, "--alpha", "0"),
+         r"--alpha: 0.0 is not allowed; expected a significance level in \(0, 1\)"),
+        (("cross-dataset", model_dir, "--data-dir", data, "--other-data-dir", data, "--ablation", ablation,
+          "--bootstrap-samples", "50"), r"--ablation: it was made with 1000 bootstrap resamples and this study "
+                                        r"tests with 50 resamples"),
         (("one-head", model_dir, "--data-dir", data, "--ablation", tmp_path / "none.json"),
          r"--ablation: .* not a file"),
         (("one-head", model_dir, "--data-dir", data, "--ablation", tmp_path / "not-ablation.json"),

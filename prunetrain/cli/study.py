@@ -50,6 +50,9 @@ BATCH_SIZE = typer.Option(100, help="Sentences per generate call.")
 TOKENIZER = typer.Option(None, help=TOKENIZER_HELP)
 OUTPUT = typer.Option(None, help=OUTPUT_HELP)
 THRESHOLD = typer.Option(0.5, help="BLEU difference counted as a change (the paper's 0.5).")
+BOOTSTRAP_SAMPLES = typer.Option(1000, help="Paired bootstrap resamples of the significance test of each BLEU "
+                                             "change (0: no test).")
+ALPHA = typer.Option(0.01, help="Significance level: a change with p < alpha is significant (the paper's 0.01).")
 NUM_BATCHES = typer.Option(8, help="Training batches (64 sentences each) for head importance.")
 
 
@@ -66,9 +69,18 @@ def _threshold(value: float) -> float:
     return check_positive_float("--threshold", value, allow_zero=True)
 
 
+def _significance(bootstrap_samples: int, alpha: float) -> dict:
+    """The studies' significance-test arguments, checked under their flag names."""
+    from prunetrain.utils.validate import check_int, check_level
+
+    return {"bootstrap_samples": check_int("--bootstrap-samples", bootstrap_samples, 0),
+            "alpha": check_level("--alpha", alpha)}
+
+
 def _bleu(model: Path, tokenizer: Optional[Path], data_dir: Path, split: str, sentences: int, beams: int,
-          batch_size: int):
-    """(metric, settings): sacreBLEU of the first `sentences` pairs of `split`, and what determines it."""
+          batch_size: int, sentence_stats: bool = False):
+    """(metric, settings): sacreBLEU of the first `sentences` pairs of `split`, and what determines it; with
+    `sentence_stats` the metric can be tested for significance."""
     from prunetrain.mt.data import read_parallel
     from prunetrain.mt.metrics import bleu_metric
 
@@ -76,7 +88,7 @@ def _bleu(model: Path, tokenizer: Optional[Path], data_dir: Path, split: str, se
     pairs = read_parallel(data_dir, split, limit=sentences)
     settings = {"model": str(model.resolve()), "data": str(data_dir.resolve()), "split": split,
                 "sentences": len(pairs), "beams": beams}
-    return bleu_metric(tok, pairs, batch_size=batch_size, num_beams=beams), settings
+    return bleu_metric(tok, pairs, batch_size=batch_size, num_beams=beams, sentence_stats=sentence_stats), settings
 
 
 def _finish(name: str, output: Path, result: dict, drop: tuple[str, ...]) -> None:
@@ -107,18 +119,21 @@ ABLATION_HELP = "ablation.json of `study ablate` on this model"
 @study_app.command("ablate")
 def ablate(model: Path = MODEL, data_dir: Path = DATA_DIR, split: str = SPLIT, sentences: int = SENTENCES,
            beams: int = BEAMS, batch_size: int = BATCH_SIZE, threshold: float = THRESHOLD,
+           bootstrap_samples: int = BOOTSTRAP_SAMPLES, alpha: float = ALPHA,
            tokenizer: Optional[Path] = TOKENIZER, output: Optional[Path] = OUTPUT):
-    """§3.2 Table 1 / Fig. 1: BLEU change when each head alone is masked (every head); histogram; how many heads
-    change BLEU by more than --threshold and how many improve it. Writes ablation.json, ablation_hist.png."""
+    """§3.2 Table 1 / Fig. 1: BLEU change when each head alone is masked (every head), each tested for
+    significance (paired bootstrap); histogram; how many heads change BLEU by more than --threshold, how many
+    significantly, and how many improve it. Writes ablation.json, ablation.md (Table 1), ablation_hist.png."""
     from prunetrain.methods.studies import ablate_each_head
 
     _positive(sentences=sentences, beams=beams, batch_size=batch_size)
     _threshold(threshold)
+    test = _significance(bootstrap_samples, alpha)
     _check_data_dir(data_dir)
     out = _output(output, "ablate")
     net = _model(model)
-    metric, settings = _bleu(model, tokenizer, data_dir, split, sentences, beams, batch_size)
-    result = ablate_each_head(net, metric, key="bleu", threshold=threshold, out_dir=out, args=settings)
+    metric, settings = _bleu(model, tokenizer, data_dir, split, sentences, beams, batch_size, sentence_stats=True)
+    result = ablate_each_head(net, metric, key="bleu", threshold=threshold, out_dir=out, args=settings, **test)
     _finish("ablate", out, result, ("heads",))
 
 
@@ -128,21 +143,23 @@ def one_head(model: Path = MODEL, data_dir: Path = DATA_DIR, split: str = SPLIT,
              ablation: Optional[Path] = typer.Option(None, help=ABLATION_HELP + ": the best head of each layer "
                                                                 "is taken from it (one decode per layer) instead "
                                                                 "of trying each head."),
+             bootstrap_samples: int = BOOTSTRAP_SAMPLES, alpha: float = ALPHA,
              tokenizer: Optional[Path] = TOKENIZER, output: Optional[Path] = OUTPUT):
-    """§3.3 Table 2: per layer and kind, BLEU when only the best head of that layer is kept (the others full).
-    Writes one_head_per_layer.json, .md and .png."""
+    """§3.3 Table 2: per layer and kind, BLEU when only the best head of that layer is kept (the others full),
+    each change tested for significance (paired bootstrap). Writes one_head_per_layer.json, .md and .png."""
     from prunetrain.methods.studies import keep_one_head_per_layer
 
     _positive(sentences=sentences, beams=beams, batch_size=batch_size)
     _threshold(threshold)
+    test = _significance(bootstrap_samples, alpha)
     _check_data_dir(data_dir)
     previous = _read_ablation(ablation)
     out = _output(output, "one-head")
     net = _model(model)
-    metric, settings = _bleu(model, tokenizer, data_dir, split, sentences, beams, batch_size)
+    metric, settings = _bleu(model, tokenizer, data_dir, split, sentences, beams, batch_size, sentence_stats=True)
     try:
         result = keep_one_head_per_layer(net, metric, key="bleu", ablation=previous, threshold=threshold,
-                                         out_dir=out, args=settings)
+                                         out_dir=out, args=settings, **test)
     except ValueError as err:
         if str(err).startswith("ablation:"):
             raise UserError("--ablation: " + str(err).removeprefix("ablation: ")) from err
@@ -163,30 +180,34 @@ def cross_dataset(model: Path = MODEL, data_dir: Path = DATA_DIR, split: str = S
                   ablation: Optional[Path] = typer.Option(None, help=ABLATION_HELP + " with the same --data-dir, "
                                                                      "--split, --sentences and --beams: the first "
                                                                      "dataset's effects are taken from it."),
+                  bootstrap_samples: int = BOOTSTRAP_SAMPLES, alpha: float = ALPHA,
                   tokenizer: Optional[Path] = TOKENIZER, output: Optional[Path] = OUTPUT):
-    """§3.4 Fig. 2: the BLEU change of ablating each head on two datasets, their Pearson and Spearman correlation
-    and a scatter plot. Writes cross_dataset.json and cross_dataset.png."""
+    """§3.4 Fig. 2: the BLEU change of ablating each head on two datasets, each tested for significance (paired
+    bootstrap), their Pearson and Spearman correlation (over all heads and over the significant ones) and a
+    scatter plot. Writes cross_dataset.json and cross_dataset.png."""
     from prunetrain.methods.studies import cross_dataset as run
 
     other_sentences = sentences if other_sentences is None else other_sentences
     _positive(sentences=sentences, other_sentences=other_sentences, beams=beams, batch_size=batch_size)
+    test = _significance(bootstrap_samples, alpha)
     _check_data_dir(data_dir)
     _check_data_dir(other_data_dir, "--other-data-dir")
     previous = _read_ablation(ablation)
     out = _output(output, "cross-dataset")
     net = _model(model)
-    first, settings_a = _bleu(model, tokenizer, data_dir, split, sentences, beams, batch_size)
+    first, settings_a = _bleu(model, tokenizer, data_dir, split, sentences, beams, batch_size, sentence_stats=True)
     if previous is not None:
         saved = previous.get("args", {})
         differ = [k for k in settings_a if saved.get(k) != settings_a[k]]
         if differ:
             raise UserError(f"--ablation: {str(ablation)!r} was made with other settings: " + ", ".join(
                 f"{k} {saved.get(k)!r} (here {settings_a[k]!r})" for k in differ) + ".")
-    second, settings_b = _bleu(model, tokenizer, other_data_dir, other_split, other_sentences, beams, batch_size)
+    second, settings_b = _bleu(model, tokenizer, other_data_dir, other_split, other_sentences, beams, batch_size,
+                               sentence_stats=True)
     names = (f"{data_dir.name}/{split}", f"{other_data_dir.name}/{other_split}")
     try:
         result = run(net, [first, second], key="bleu", names=names, ablation=previous, out_dir=out,
-                     args={"a": settings_a, "b": settings_b})
+                     args={"a": settings_a, "b": settings_b}, **test)
     except ValueError as err:
         if str(err).startswith("ablation:"):
             raise UserError("--ablation: " + str(err).removeprefix("ablation: ")) from err

@@ -24,6 +24,7 @@ naming them) rather than mixed with the saved units.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import json
 import math
@@ -37,9 +38,10 @@ from torch import nn
 from prunetrain.engine.heads import find_heads
 from prunetrain.engine.mask import HeadMask
 from prunetrain.methods.curve import check_fractions, metric_value, pruning_curve
+from prunetrain.methods.significance import DEFAULT_ALPHA, DEFAULT_SAMPLES, SENTENCE_STATS, paired_bootstrap
 from prunetrain.utils.plots import TensorBoardLog, curves_figure, pyplot
 from prunetrain.utils.progress import bar
-from prunetrain.utils.validate import check_positive_float
+from prunetrain.utils.validate import check_int, check_level, check_positive_float
 
 Metric = Callable[[nn.Module], Any]
 AfterUnit = Callable[[str, Any], None]
@@ -84,10 +86,11 @@ class Journal:
             self.units = dict(data.get("units", {}))
 
     def _check_args(self, path: Path, saved: Any) -> None:
-        if saved == self.args:
-            return
+        """A saved argument that is missing counts as None (a journal written before that argument existed)."""
         saved = saved if isinstance(saved, Mapping) else {}
         differ = sorted(k for k in set(saved) | set(self.args) if saved.get(k) != self.args.get(k))
+        if not differ:
+            return
         named = ", ".join(f"{k} (saved {saved.get(k)!r}, now {self.args.get(k)!r})" for k in differ[:4])
         more = f" and {len(differ) - 4} more" if len(differ) > 4 else ""
         raise ValueError(f"out_dir: {str(path)!r} holds a run with other arguments: {named}{more}; give another "
@@ -129,6 +132,77 @@ def _measure(model: nn.Module, metric: Metric, key: str, mask: HeadMask | None =
             return metric_value(metric(model), key)[0]
 
 
+class PairedTest:
+    """Michel's significance marks: each masked evaluation against the study's base evaluation by a paired
+    bootstrap test (`prunetrain.methods.significance`), when the metric gives per-sentence statistics (it carries
+    `score_from_stats`, e.g. `bleu_metric(..., sentence_stats=True)`); otherwise every p-value is None.
+
+    In the journal, a base unit `U` is preceded by `U#stats` (its per-sentence statistics) and a masked unit `U` by
+    `U#p` (its p-value), so a unit that is done has what belongs to it.
+
+    Args:
+        samples: bootstrap resamples B (0: no test).
+        alpha: a change is significant when p < alpha.
+    """
+
+    def __init__(self, samples: int = DEFAULT_SAMPLES, alpha: float = DEFAULT_ALPHA):
+        self.samples = check_int("bootstrap_samples", samples, 0)
+        self.alpha = check_level("alpha", alpha)
+
+    def enabled(self, metric: Metric) -> bool:
+        return self.samples > 0 and callable(getattr(metric, "score_from_stats", None))
+
+    def args(self, metrics: Sequence[Metric]) -> dict:
+        """What the journal must match on resume: the resamples (None where no metric can be tested)."""
+        return {"bootstrap_samples": self.samples if any(self.enabled(m) for m in metrics) else None}
+
+    def measure(self, model: nn.Module, metric: Metric, key: str, journal: Journal, unit: str, base_unit: str,
+                mask: HeadMask | None) -> float:
+        """Evaluate (masked with `mask`, or the base when `unit == base_unit`) and record the unit."""
+        with torch.no_grad(), (mask.applied(model) if mask is not None else contextlib.nullcontext()):
+            result = metric(model)
+        value = metric_value(result, key)[0]
+        if self.enabled(metric):
+            stats = result.get(SENTENCE_STATS) if isinstance(result, Mapping) else None
+            if stats is None:
+                raise ValueError(f"metric: it carries score_from_stats but returned no {SENTENCE_STATS!r}.")
+            if unit == base_unit:
+                journal.record(f"{unit}#stats", stats)
+            else:
+                journal.record(f"{unit}#p", paired_bootstrap(journal.units[f"{base_unit}#stats"], stats,
+                                                             metric.score_from_stats, samples=self.samples))
+        journal.record(unit, value)
+        return value
+
+    def p_value(self, journal: Journal, unit: str) -> float | None:
+        return journal.units.get(f"{unit}#p")
+
+    def significant(self, p: float | None) -> bool | None:
+        return None if p is None else p < self.alpha
+
+    def describe(self, metric: Metric) -> dict | None:
+        """The test as recorded in a result (None when it did not run)."""
+        if not self.enabled(metric):
+            return None
+        return {"test": "paired bootstrap (Koehn 2004), two-sided", "samples": self.samples, "alpha": self.alpha}
+
+
+def _p_text(p: float | None) -> str:
+    return "—" if p is None else f"{p:.3f}"
+
+
+def _significance_counts(rows: Sequence[Mapping], test: PairedTest, metric: Metric, sign: int) -> dict:
+    """The test and, when it ran, how many rows changed the metric significantly: in all, for the worse, for the
+    better (`sign` = +1 when higher is better)."""
+    described = test.describe(metric)
+    if described is None:
+        return {"significance": None}
+    hits = [r for r in rows if test.significant(r["p_value"])]
+    return {"significance": described, "num_significant": len(hits),
+            "num_significant_worse": sum(sign * r["delta"] < 0 for r in hits),
+            "num_significant_improving": sum(sign * r["delta"] > 0 for r in hits)}
+
+
 class _Outputs:
     """PNG files and a TensorBoard log under one study directory (nothing when `out_dir` is None)."""
 
@@ -154,25 +228,27 @@ class _Outputs:
             self.tb.close()
 
 
-def _ablation_rows(model, metric, key, journal: Journal, prefix: str, desc: str, after_unit) -> tuple[float, list]:
-    """Base value and one row per head (`value`, `delta`), each masked evaluation a saved unit."""
+def _ablation_rows(model, metric, key, journal: Journal, prefix: str, desc: str, after_unit,
+                   test: PairedTest) -> tuple[float, list]:
+    """Base value and one row per head (`value`, `delta`, `p_value`), each masked evaluation a saved unit."""
     layout = find_heads(model)
-    units = [(f"{prefix}base", None)] + [(f"{prefix}{site.name}/{head}", (site, head))
-                                         for site in layout for head in range(site.num_heads)]
+    base_unit = f"{prefix}base"
+    units = [(base_unit, None)] + [(f"{prefix}{site.name}/{head}", (site, head))
+                                   for site in layout for head in range(site.num_heads)]
     for unit, spec in bar(units, total=len(units), desc=desc, unit="eval"):
         if journal.done(unit):
             continue
         mask = None if spec is None else HeadMask.from_heads(model, {spec[0].name: [spec[1]]})
-        journal.record(unit, _measure(model, metric, key, mask))
+        value = test.measure(model, metric, key, journal, unit, base_unit, mask)
         if after_unit is not None:
-            after_unit(unit, journal.units[unit])
-    base = journal.units[f"{prefix}base"]
+            after_unit(unit, value)
+    base = journal.units[base_unit]
     rows = []
     for unit, spec in units[1:]:
         site, head = spec
         value = journal.units[unit]
         rows.append({"site": site.name, "kind": site.kind, "layer": site.layer, "head": head, "value": value,
-                     "delta": value - base})
+                     "delta": value - base, "p_value": test.p_value(journal, unit)})
     return base, rows
 
 
@@ -187,11 +263,14 @@ def _eval_mode(model: nn.Module):
 # -------------------------------------------------------------------------------------------------------------------
 def ablate_each_head(model: nn.Module, metric: Metric, *, key: str = "value", higher_is_better: bool = True,
                      threshold: float = 0.5, out_dir: str | Path | None = None, args: Mapping | None = None,
-                     after_unit: AfterUnit | None = None) -> dict:
-    """Michel §3.2: remove one head at a time; `delta = metric(without head) − metric(full)`.
+                     after_unit: AfterUnit | None = None, bootstrap_samples: int = DEFAULT_SAMPLES,
+                     alpha: float = DEFAULT_ALPHA) -> dict:
+    """Michel §3.2: remove one head at a time; `delta = metric(without head) − metric(full)`, and with a metric
+    that gives per-sentence statistics its paired bootstrap `p_value` (significant when p < alpha, as the
+    paper's Table 1 marks at p < 0.01).
 
-    Cost: 1 + (number of heads) evaluations of the metric. Writes `ablation.json`, `ablation_hist.png` and a
-    TensorBoard entry (Δ per head, in layout order).
+    Cost: 1 + (number of heads) evaluations of the metric. Writes `ablation.json`, `ablation.md` (Table 1),
+    `ablation_hist.png` and a TensorBoard entry (Δ per head, in layout order).
 
     Args:
         model: the model.
@@ -203,16 +282,19 @@ def ablate_each_head(model: nn.Module, metric: Metric, *, key: str = "value", hi
         args: the caller's settings that determine the metric (e.g. data, sentences, beams); saved and compared
             on resume.
         after_unit: called as `after_unit(unit, value)` after each unit is saved.
+        bootstrap_samples: resamples of the significance test (0: no test).
+        alpha: the test's level.
     """
     check_positive_float("threshold", threshold, allow_zero=True)
+    test = PairedTest(bootstrap_samples, alpha)
     journal = Journal(out_dir, "ablation", {"study": "ablate", "key": key, "layout": _layout_args(model),
-                                            **dict(args or {})})
+                                            **test.args([metric]), **dict(args or {})})
     if journal.finished is not None:
         return journal.finished
     start = time.perf_counter()
     was_training = _eval_mode(model)
     try:
-        base, rows = _ablation_rows(model, metric, key, journal, "", "ablate", after_unit)
+        base, rows = _ablation_rows(model, metric, key, journal, "", "ablate", after_unit, test)
     finally:
         model.train(was_training)
     deltas = [r["delta"] for r in rows]
@@ -222,7 +304,8 @@ def ablate_each_head(model: nn.Module, metric: Metric, *, key: str = "value", hi
                "num_changed": sum(abs(d) > threshold for d in deltas),
                "num_worse": sum(sign * d < -threshold for d in deltas),
                "num_improving": sum(sign * d > 0 for d in deltas),
-               "num_improving_beyond_threshold": sum(sign * d > threshold for d in deltas)}
+               "num_improving_beyond_threshold": sum(sign * d > threshold for d in deltas),
+               **_significance_counts(rows, test, metric, sign)}
     result = journal.finish({"study": "ablate", "metric": key, "base": base, "heads": rows, "summary": summary,
                              "seconds": time.perf_counter() - start})
     out = _Outputs(out_dir, "ablate")
@@ -248,41 +331,60 @@ def ablate_each_head(model: nn.Module, metric: Metric, *, key: str = "value", hi
 
 def ablation_table(result: Mapping) -> str:
     """Michel Table 1 as Markdown from an `ablate_each_head` result: one grid per attention kind, a row per layer, a
-    column per head, each cell the Δ of removing that head alone; cells beyond the result's threshold are bold."""
-    threshold = result["summary"]["threshold"]
+    column per head, each cell the Δ of removing that head alone; cells beyond the result's threshold are bold, and
+    with a significance test the significant ones (p < alpha) carry a dagger, as the paper marks them."""
+    summary = result["summary"]
+    threshold, test = summary["threshold"], summary.get("significance")
+    marks = f"**bold**: |Δ| > {threshold:g}"
+    if test:
+        marks += (f"; †: significant, p < {test['alpha']:g} in a paired bootstrap test with {test['samples']} "
+                  f"resamples — {summary['num_significant']} of {summary['num_heads']} heads")
     lines = [f"Base {result['metric']}: {result['base']:.2f}. Each cell: the change when that head alone is removed "
-             f"(**bold**: |Δ| > {threshold:g})."]
+             f"({marks})."]
     rows = result["heads"]
+
+    def cell(row) -> str:
+        text = f"{row['delta']:+.2f}"
+        text = f"**{text}**" if abs(row["delta"]) > threshold else text
+        return text + "†" if test and row.get("p_value") is not None and row["p_value"] < test["alpha"] else text
+
     for kind in dict.fromkeys(r["kind"] for r in rows):
         mine = [r for r in rows if r["kind"] == kind]
         heads = max(r["head"] for r in mine) + 1
         lines += ["", f"**{kind}**", "", "| layer | " + " | ".join(str(h) for h in range(heads)) + " |",
                   "|---|" + "---|" * heads]
         for layer in sorted(dict.fromkeys(r["layer"] for r in mine)):
-            cells = {r["head"]: r["delta"] for r in mine if r["layer"] == layer}
-            lines.append(f"| {layer} | " + " | ".join(
-                "" if h not in cells else (f"**{cells[h]:+.2f}**" if abs(cells[h]) > threshold else f"{cells[h]:+.2f}")
-                for h in range(heads)) + " |")
+            cells = {r["head"]: r for r in mine if r["layer"] == layer}
+            lines.append(f"| {layer} | " + " | ".join(cell(cells[h]) if h in cells else "" for h in range(heads))
+                         + " |")
     return "\n".join(lines) + "\n"
 
 
 # -------------------------------------------------------------------------------------------------------------------
 # §3.3: all heads but one
 # -------------------------------------------------------------------------------------------------------------------
-def _ablation_units(ablation: Mapping, layout, prefix: str) -> dict[str, float]:
-    """The units of `_ablation_rows` (`<prefix>base`, `<prefix><site>/<head>`) from an `ablate_each_head` result."""
+def _ablation_units(ablation: Mapping, layout, prefix: str, test: PairedTest, metric: Metric) -> dict[str, Any]:
+    """The units of `_ablation_rows` (`<prefix>base`, `<prefix><site>/<head>` and their p-values `#p`) from an
+    `ablate_each_head` result; refused when this study tests significance and the ablation was not tested alike."""
     rows = ablation.get("heads") if isinstance(ablation, Mapping) else None
     if not isinstance(rows, list) or not isinstance(ablation.get("base"), (int, float)):
         raise ValueError("ablation: not an ablate_each_head result (no 'base' and 'heads').")
-    have = {(r.get("site"), r.get("head")): r.get("value") for r in rows if isinstance(r, Mapping)}
-    units = {f"{prefix}base": float(ablation["base"])}
+    wanted, made = test.describe(metric), (ablation.get("summary") or {}).get("significance")
+    if wanted is not None and (made or {}).get("samples") != wanted["samples"]:
+        how = f"with {made.get('samples')} bootstrap resamples" if made else "without a significance test"
+        raise ValueError(f"ablation: it was made {how} and this study tests with {wanted['samples']} resamples; "
+                         f"make it again with the same test.")
+    have = {(r.get("site"), r.get("head")): r for r in rows if isinstance(r, Mapping)}
+    units: dict[str, Any] = {f"{prefix}base": float(ablation["base"])}
     for site in layout:
         for head in range(site.num_heads):
-            value = have.get((site.name, head))
-            if not isinstance(value, (int, float)):
+            row = have.get((site.name, head), {})
+            if not isinstance(row.get("value"), (int, float)):
                 raise ValueError(f"ablation: holds no value for head {head} of site {site.name!r}; it was computed "
                                  f"for another model layout.")
-            units[f"{prefix}{site.name}/{head}"] = float(value)
+            if wanted is not None:
+                units[f"{prefix}{site.name}/{head}#p"] = row.get("p_value")
+            units[f"{prefix}{site.name}/{head}"] = float(row["value"])
     return units
 
 
@@ -307,10 +409,12 @@ def _best_from_ablation(ablation: Mapping, layout, higher_is_better: bool) -> di
 def keep_one_head_per_layer(model: nn.Module, metric: Metric, *, key: str = "value",
                             ablation: Mapping | None = None, higher_is_better: bool = True, threshold: float = 0.5,
                             out_dir: str | Path | None = None, args: Mapping | None = None,
-                            after_unit: AfterUnit | None = None) -> dict:
+                            after_unit: AfterUnit | None = None, bootstrap_samples: int = DEFAULT_SAMPLES,
+                            alpha: float = DEFAULT_ALPHA) -> dict:
     """Michel §3.3 / Table 2: for each site, remove every head but one and evaluate (the other sites are full).
     The head kept is the best one: with `ablation` (an `ablate_each_head` result) the head whose removal alone
-    hurts most (one evaluation per site), else the best of trying each head as the one kept.
+    hurts most (one evaluation per site), else the best of trying each head as the one kept. With a metric that
+    gives per-sentence statistics each site's change has a paired bootstrap `p_value` (as `ablate_each_head`).
 
     Writes `one_head_per_layer.json`, `.md` (a table), `.png` (Δ per site) and a TensorBoard entry.
 
@@ -324,13 +428,16 @@ def keep_one_head_per_layer(model: nn.Module, metric: Metric, *, key: str = "val
         out_dir: where the files go (None: nothing written, no resume).
         args: the caller's settings that determine the metric; saved and compared on resume.
         after_unit: called as `after_unit(unit, value)` after each unit is saved.
+        bootstrap_samples: resamples of the significance test (0: no test).
+        alpha: the test's level.
     """
     check_positive_float("threshold", threshold, allow_zero=True)
+    test = PairedTest(bootstrap_samples, alpha)
     layout = find_heads(model)
     chosen = _best_from_ablation(ablation, layout, higher_is_better) if ablation is not None else None
     journal = Journal(out_dir, "one_head_per_layer",
                       {"study": "one-head", "key": key, "layout": _layout_args(model), "from_ablation": chosen,
-                       **dict(args or {})})
+                       **test.args([metric]), **dict(args or {})})
     if journal.finished is not None:
         return journal.finished
     start = time.perf_counter()
@@ -344,9 +451,9 @@ def keep_one_head_per_layer(model: nn.Module, metric: Metric, *, key: str = "val
                 continue
             mask = None if site is None else HeadMask.from_heads(
                 model, {site.name: [h for h in range(site.num_heads) if h != head]})
-            journal.record(unit, _measure(model, metric, key, mask))
+            value = test.measure(model, metric, key, journal, unit, "base", mask)
             if after_unit is not None:
-                after_unit(unit, journal.units[unit])
+                after_unit(unit, value)
     finally:
         model.train(was_training)
     base = journal.units["base"]
@@ -358,17 +465,18 @@ def keep_one_head_per_layer(model: nn.Module, metric: Metric, *, key: str = "val
         head = max(tried, key=lambda h: sign * tried[h])
         rows.append({"site": site.name, "kind": site.kind, "layer": site.layer, "kept_head": head,
                      "value": tried[head], "delta": tried[head] - base, "tried": {str(h): v for h, v in tried.items()},
-                     "survives": sign * (tried[head] - base) >= -threshold})
+                     "survives": sign * (tried[head] - base) >= -threshold,
+                     "p_value": test.p_value(journal, f"{site.name}/keep{head}")})
     summary = {"num_sites": len(rows), "threshold": threshold, "num_surviving": sum(r["survives"] for r in rows),
-               "head_choice": "ablation" if chosen else "tried each"}
+               "head_choice": "ablation" if chosen else "tried each", **_significance_counts(rows, test, metric, sign)}
     result = journal.finish({"study": "one-head", "metric": key, "base": base, "layers": rows, "summary": summary,
                              "seconds": time.perf_counter() - start})
     out = _Outputs(out_dir, "one-head")
     if out.out is not None:
-        lines = [f"| site | kind | layer | kept head | {key} | Δ | within {threshold:g} |",
-                 "|---|---|---|---|---|---|---|"]
+        lines = [f"| site | kind | layer | kept head | {key} | Δ | within {threshold:g} | p (paired bootstrap) |",
+                 "|---|---|---|---|---|---|---|---|"]
         lines += [f"| {r['site']} | {r['kind']} | {r['layer']} | {r['kept_head']} | {r['value']:.2f} | "
-                  f"{r['delta']:+.2f} | {'yes' if r['survives'] else 'no'} |" for r in rows]
+                  f"{r['delta']:+.2f} | {'yes' if r['survives'] else 'no'} | {_p_text(r['p_value'])} |" for r in rows]
         (out.out / "one_head_per_layer.md").write_text(f"Base {key}: {base:.2f}\n\n" + "\n".join(lines) + "\n")
     for i, r in enumerate(rows):
         out.scalar("delta", r["delta"], i)
@@ -440,10 +548,14 @@ def _num(x: float | None) -> str:
 def cross_dataset(model: nn.Module, metrics: Sequence[Metric], *, key: str = "value",
                   names: Sequence[str] = ("dataset A", "dataset B"), ablation: Mapping | None = None,
                   out_dir: str | Path | None = None, args: Mapping | None = None,
-                  after_unit: AfterUnit | None = None) -> dict:
+                  after_unit: AfterUnit | None = None, bootstrap_samples: int = DEFAULT_SAMPLES,
+                  alpha: float = DEFAULT_ALPHA) -> dict:
     """Michel §3.4 / Fig. 2: the ablation Δ of every head (as in `ablate_each_head`) on two datasets, and how well
-    they agree: Pearson's r of the Δs and Spearman's ρ of their ranks (None when one series is constant). Writes `cross_dataset.json`,
-    `cross_dataset.png` (scatter, one point per head) and a TensorBoard entry.
+    they agree: Pearson's r of the Δs and Spearman's ρ of their ranks (None when one series is constant). With
+    metrics that give per-sentence statistics, each Δ has a paired bootstrap p-value, and the correlations are also
+    given over the heads whose removal is significant on at least one dataset (where Δ is more than noise).
+    Writes `cross_dataset.json`, `cross_dataset.png` (scatter, one point per head, significant ones outlined) and a
+    TensorBoard entry.
 
     Args:
         model: the model.
@@ -455,12 +567,16 @@ def cross_dataset(model: nn.Module, metrics: Sequence[Metric], *, key: str = "va
         out_dir: where the files go (None: nothing written, no resume).
         args: the caller's settings that determine the metrics; saved and compared on resume.
         after_unit: called as `after_unit(unit, value)` after each unit is saved.
+        bootstrap_samples: resamples of the significance test (0: no test).
+        alpha: the test's level.
     """
     if len(metrics) != 2 or len(names) != 2:
         raise ValueError(f"metrics: need exactly two metrics and two names, got {len(metrics)} and {len(names)}.")
-    reused = _ablation_units(ablation, find_heads(model), "a:") if ablation is not None else {}
+    test = PairedTest(bootstrap_samples, alpha)
+    reused = _ablation_units(ablation, find_heads(model), "a:", test, metrics[0]) if ablation is not None else {}
     journal = Journal(out_dir, "cross_dataset", {"study": "cross-dataset", "key": key, "datasets": list(names),
-                                                 "layout": _layout_args(model), **dict(args or {})})
+                                                 "layout": _layout_args(model), **test.args(metrics),
+                                                 **dict(args or {})})
     if journal.finished is not None:
         return journal.finished
     start = time.perf_counter()
@@ -469,31 +585,50 @@ def cross_dataset(model: nn.Module, metrics: Sequence[Metric], *, key: str = "va
             journal.record(unit, value)
     was_training = _eval_mode(model)
     try:
-        base_a, rows_a = _ablation_rows(model, metrics[0], key, journal, "a:", f"ablate on {names[0]}", after_unit)
-        base_b, rows_b = _ablation_rows(model, metrics[1], key, journal, "b:", f"ablate on {names[1]}", after_unit)
+        base_a, rows_a = _ablation_rows(model, metrics[0], key, journal, "a:", f"ablate on {names[0]}", after_unit,
+                                        test)
+        base_b, rows_b = _ablation_rows(model, metrics[1], key, journal, "b:", f"ablate on {names[1]}", after_unit,
+                                        test)
     finally:
         model.train(was_training)
     a, b = [r["delta"] for r in rows_a], [r["delta"] for r in rows_b]
     heads = [{"site": ra["site"], "kind": ra["kind"], "layer": ra["layer"], "head": ra["head"],
-              "delta_a": ra["delta"], "delta_b": rb["delta"]} for ra, rb in zip(rows_a, rows_b)]
+              "delta_a": ra["delta"], "delta_b": rb["delta"], "p_a": ra["p_value"], "p_b": rb["p_value"]}
+             for ra, rb in zip(rows_a, rows_b)]
     r, rho = defined(pearson(a, b)), defined(spearman(a, b))
+    significance = None
+    if test.describe(metrics[0]) is not None and test.describe(metrics[1]) is not None:
+        sig_a, sig_b = ([test.significant(h[p]) for h in heads] for p in ("p_a", "p_b"))
+        either = [h for h, x, y in zip(heads, sig_a, sig_b) if x or y]
+        pair = ([h["delta_a"] for h in either], [h["delta_b"] for h in either])
+        significance = {**test.describe(metrics[0]), "num_significant_a": sum(sig_a), "num_significant_b": sum(sig_b),
+                        "num_significant_both": sum(x and y for x, y in zip(sig_a, sig_b)),
+                        "num_significant_either": len(either),
+                        "pearson_significant_either": defined(pearson(*pair)) if len(either) > 2 else None,
+                        "spearman_significant_either": defined(spearman(*pair)) if len(either) > 2 else None}
     result = journal.finish({"study": "cross-dataset", "metric": key, "datasets": list(names),
                              "base": [base_a, base_b], "pearson": r, "spearman": rho, "num_heads": len(heads),
-                             "heads": heads, "seconds": time.perf_counter() - start})
+                             "significance": significance, "heads": heads, "seconds": time.perf_counter() - start})
     out = _Outputs(out_dir, "cross-dataset")
     out.scalar("pearson", r, 0)
     out.scalar("spearman", rho, 0)
     plt = pyplot()
     fig, ax = plt.subplots(figsize=(4.4, 4.2))
     for kind in dict.fromkeys(h["kind"] for h in heads):
-        ax.scatter([h["delta_a"] for h in heads if h["kind"] == kind], [h["delta_b"] for h in heads
-                   if h["kind"] == kind], s=12, alpha=0.75, color=KIND_COLORS.get(kind), label=kind)
+        mine = [h for h in heads if h["kind"] == kind]
+        outlined = [test.significant(h["p_a"]) or test.significant(h["p_b"]) for h in mine]
+        ax.scatter([h["delta_a"] for h in mine], [h["delta_b"] for h in mine], s=12, alpha=0.75,
+                   color=KIND_COLORS.get(kind), label=kind, edgecolors=["k" if o else "none" for o in outlined],
+                   linewidths=0.8)
     ax.axhline(0, color="k", lw=0.5)
     ax.axvline(0, color="k", lw=0.5)
     ax.set_xlabel(f"{key} change, {names[0]}")
     ax.set_ylabel(f"{key} change, {names[1]}")
-    ax.set_title(f"ablating each head on two datasets\nPearson r = {_num(r)}, Spearman ρ = {_num(rho)}",
-                 fontsize=9)
+    title = f"ablating each head on two datasets\nPearson r = {_num(r)}, Spearman ρ = {_num(rho)}"
+    if significance is not None:
+        title += (f"\noutlined: p < {test.alpha:g} on either ({significance['num_significant_either']} heads, "
+                  f"r = {_num(significance['pearson_significant_either'])})")
+    ax.set_title(title, fontsize=9)
     ax.legend(fontsize=7)
     fig.tight_layout()
     out.figure(fig, "cross_dataset.png")

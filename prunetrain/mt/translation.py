@@ -215,12 +215,13 @@ def score_translations(hypotheses: Sequence[str], references: Sequence[str]) -> 
 def evaluate_bleu(model: nn.Module, tokenizer, pairs: Sequence[tuple[str, str]], *, batch_size: int = 64,
                   num_beams: int = 1, max_new_tokens: int | None = None, autocast_bf16: bool | str = False,
                   device: str | torch.device | None = None, return_hypotheses: bool = False,
-                  **generate_kwargs) -> dict:
+                  sentence_stats: bool = False, **generate_kwargs) -> dict:
     """Translate the sources of `pairs` and score them against the targets.
 
     Returns `bleu`, `bleu_signature`, `bleu_detail`, `chrf`, `chrf_signature`, `num_sentences`, `seconds`
     (translation time), `sentences_per_second`, the decoding settings (`num_beams`, `batch_size`, `autocast_bf16`),
-    and with `return_hypotheses=True` the `hypotheses` in input order.
+    with `return_hypotheses=True` the `hypotheses` in input order, and with `sentence_stats=True` BLEU's
+    per-sentence statistics (`prunetrain.mt.bleu_stats`, for paired bootstrap tests) as `sentence_stats`.
     """
     pairs = list(pairs)
     if not pairs:
@@ -239,6 +240,11 @@ def evaluate_bleu(model: nn.Module, tokenizer, pairs: Sequence[tuple[str, str]],
                   num_beams=num_beams, batch_size=batch_size, autocast_bf16=autocast_bf16)
     if return_hypotheses:
         result["hypotheses"] = hypotheses
+    if sentence_stats:
+        from prunetrain.methods.significance import SENTENCE_STATS
+        from prunetrain.mt.bleu_stats import bleu_sentence_stats
+
+        result[SENTENCE_STATS] = bleu_sentence_stats(hypotheses, references)
     return result
 
 

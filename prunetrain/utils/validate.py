@@ -56,6 +56,13 @@ def check_positive_float(argument: str, value: Any, allow_zero: bool = False) ->
     return float(value)
 
 
+def check_level(argument: str, value: Any) -> float:
+    """A significance level: a number strictly between 0 and 1."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0.0 < value < 1.0:
+        raise ValueError(f"{argument}: {value!r} is not allowed; expected a significance level in (0, 1).")
+    return float(value)
+
+
 def check_fraction(argument: str, value: Any) -> float:
     """A float (or int 0/1) in [0, 1]."""
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0.0 <= value <= 1.0:
