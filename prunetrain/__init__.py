@@ -34,6 +34,7 @@ _LAZY = {
     # callbacks (import transformers' Trainer machinery only when asked for)
     "HeadPruningCallback": "prunetrain.training.head_pruning", "PruningCurveCallback": "prunetrain.training.pruning_curve",
     "HardConcreteCallback": "prunetrain.training.hard_concrete", "restore_layout": "prunetrain.training.state",
+    "last_complete_checkpoint": "prunetrain.training.state",
     "MetricPointsCallback": "prunetrain.training.metric_points",
     # benchmarks
     "benchmark": "prunetrain.bench", "BenchResult": "prunetrain.bench", "BenchConfig": "prunetrain.bench",

@@ -11,7 +11,7 @@ import json
 import pytest
 import torch
 
-from prunetrain.training import HardConcreteCallback, HeadPruningCallback, last_complete_checkpoint
+from prunetrain import HardConcreteCallback, HeadPruningCallback, last_complete_checkpoint
 from prunetrain.training.state import load_callback_state, save_callback_state
 
 

@@ -1,7 +1,8 @@
 """The studies of Michel et al. (2019), each a library function that returns JSON-able results and writes figures.
 
 1. `ablate_each_head`         §3.2 Table 1 / Fig. 1: the metric with each head alone removed, as a change Δ from
-                              the full model; how many heads change it by more than `threshold`, how many improve it.
+                              the full model; how many heads change it by more than `threshold`, how many
+                              significantly (`PairedTest`), how many improve it.
 2. `keep_one_head_per_layer`  §3.3 Table 2: for each site (layer × kind), all heads but the best one removed.
 3. `cross_dataset`            §3.4 Fig. 2: the ablation Δ of every head on two datasets, Pearson and Spearman.
 4. `pruning_curves_study`     §4.2 Fig. 3: metric vs % heads pruned, importance order (re-estimated after every
@@ -12,7 +13,9 @@
 
 `metric(model) -> float | dict` is any callable (see `prunetrain.methods.curve`: `loss_metric`, `accuracy_metric`,
 or `prunetrain.mt.metrics.bleu_metric`); with a dict, `key` names the value to use. Higher is better unless
-`higher_is_better=False` (a loss).
+`higher_is_better=False` (a loss). A metric whose dict holds per-sentence statistics (`sentence_stats`) and that
+carries `score_from_stats` (`bleu_metric(..., sentence_stats=True)`) gets every change of studies 1–3 tested by a
+paired bootstrap (`prunetrain.methods.significance`), as the paper marks significance at p < 0.01.
 
 Every study with an `out_dir` writes `<out_dir>/<name>.json`, PNG figures and TensorBoard events
 (`<out_dir>/tensorboard`), shows a progress bar (`prunetrain.utils.progress`), and is **resumable**: each unit of
@@ -554,7 +557,7 @@ def cross_dataset(model: nn.Module, metrics: Sequence[Metric], *, key: str = "va
     they agree: Pearson's r of the Δs and Spearman's ρ of their ranks (None when one series is constant). With
     metrics that give per-sentence statistics, each Δ has a paired bootstrap p-value, and the correlations are also
     given over the heads whose removal is significant on at least one dataset (where Δ is more than noise).
-    Writes `cross_dataset.json`, `cross_dataset.png` (scatter, one point per head, significant ones outlined) and a
+    Writes `cross_dataset.json`, `cross_dataset.png` (scatter, one point per head, significant ones ringed) and a
     TensorBoard entry.
 
     Args:
@@ -609,31 +612,41 @@ def cross_dataset(model: nn.Module, metrics: Sequence[Metric], *, key: str = "va
     result = journal.finish({"study": "cross-dataset", "metric": key, "datasets": list(names),
                              "base": [base_a, base_b], "pearson": r, "spearman": rho, "num_heads": len(heads),
                              "significance": significance, "heads": heads, "seconds": time.perf_counter() - start})
+    write_cross_dataset_outputs(result, out_dir)
+    return result
+
+
+def write_cross_dataset_outputs(result: Mapping, out_dir: str | Path | None) -> None:
+    """The figure (`cross_dataset.png`: one point per head, coloured by kind, ringed when its change is significant
+    on either dataset) and TensorBoard entries of a `cross_dataset` result; a pure function of the result."""
     out = _Outputs(out_dir, "cross-dataset")
+    r, rho, key, names = result["pearson"], result["spearman"], result["metric"], result["datasets"]
+    heads, significance = result["heads"], result.get("significance")
     out.scalar("pearson", r, 0)
     out.scalar("spearman", rho, 0)
     plt = pyplot()
     fig, ax = plt.subplots(figsize=(4.4, 4.2))
     for kind in dict.fromkeys(h["kind"] for h in heads):
         mine = [h for h in heads if h["kind"] == kind]
-        outlined = [test.significant(h["p_a"]) or test.significant(h["p_b"]) for h in mine]
         ax.scatter([h["delta_a"] for h in mine], [h["delta_b"] for h in mine], s=12, alpha=0.75,
-                   color=KIND_COLORS.get(kind), label=kind, edgecolors=["k" if o else "none" for o in outlined],
-                   linewidths=0.8)
+                   color=KIND_COLORS.get(kind), label=kind)
+    title = f"ablating each head on two datasets\nPearson r = {_num(r)}, Spearman ρ = {_num(rho)}"
+    if significance is not None:
+        alpha = significance["alpha"]
+        ringed = [h for h in heads if any(h[p] is not None and h[p] < alpha for p in ("p_a", "p_b"))]
+        ax.scatter([h["delta_a"] for h in ringed], [h["delta_b"] for h in ringed], s=40, facecolors="none",
+                   edgecolors="k", linewidths=0.8, label=f"p < {alpha:g} on either")
+        title += (f"\nringed: p < {alpha:g} on either ({significance['num_significant_either']} heads, "
+                  f"r = {_num(significance['pearson_significant_either'])})")
     ax.axhline(0, color="k", lw=0.5)
     ax.axvline(0, color="k", lw=0.5)
     ax.set_xlabel(f"{key} change, {names[0]}")
     ax.set_ylabel(f"{key} change, {names[1]}")
-    title = f"ablating each head on two datasets\nPearson r = {_num(r)}, Spearman ρ = {_num(rho)}"
-    if significance is not None:
-        title += (f"\noutlined: p < {test.alpha:g} on either ({significance['num_significant_either']} heads, "
-                  f"r = {_num(significance['pearson_significant_either'])})")
     ax.set_title(title, fontsize=9)
     ax.legend(fontsize=7)
     fig.tight_layout()
     out.figure(fig, "cross_dataset.png")
     out.close()
-    return result
 
 
 # -------------------------------------------------------------------------------------------------------------------
