@@ -127,12 +127,14 @@ def _layout_args(model: nn.Module) -> list:
     return [[site.name, site.num_heads] for site in find_heads(model)]
 
 
+def _evaluate(model: nn.Module, metric: Metric, mask: HeadMask | None = None) -> Any:
+    """What the metric returns for the model (masked with `mask`), without gradients."""
+    with torch.no_grad(), (mask.applied(model) if mask is not None else contextlib.nullcontext()):
+        return metric(model)
+
+
 def _measure(model: nn.Module, metric: Metric, key: str, mask: HeadMask | None = None) -> float:
-    with torch.no_grad():
-        if mask is None:
-            return metric_value(metric(model), key)[0]
-        with mask.applied(model):
-            return metric_value(metric(model), key)[0]
+    return metric_value(_evaluate(model, metric, mask), key)[0]
 
 
 class PairedTest:
@@ -162,8 +164,7 @@ class PairedTest:
     def measure(self, model: nn.Module, metric: Metric, key: str, journal: Journal, unit: str, base_unit: str,
                 mask: HeadMask | None) -> float:
         """Evaluate (masked with `mask`, or the base when `unit == base_unit`) and record the unit."""
-        with torch.no_grad(), (mask.applied(model) if mask is not None else contextlib.nullcontext()):
-            result = metric(model)
+        result = _evaluate(model, metric, mask)
         value = metric_value(result, key)[0]
         if self.enabled(metric):
             stats = result.get(SENTENCE_STATS) if isinstance(result, Mapping) else None
