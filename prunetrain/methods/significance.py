@@ -31,6 +31,11 @@ DEFAULT_SAMPLES = 1000
 DEFAULT_ALPHA = 0.01
 
 
+def significant(p_value: float | None, alpha: float) -> bool:
+    """Whether a tested change is significant at level `alpha` (p < alpha); an untested one (None) is not."""
+    return p_value is not None and p_value < alpha
+
+
 def resample_counts(num_sentences: int, samples: int, seed: int) -> np.ndarray:
     """How often each sentence is drawn in each resample: an int array (samples, num_sentences), rows summing to
     `num_sentences`."""
@@ -67,4 +72,4 @@ def paired_bootstrap(base: Sequence[Sequence[float]], other: Sequence[Sequence[f
     return float((1 + extreme.sum()) / (samples + 1))
 
 
-__all__ = ["DEFAULT_ALPHA", "DEFAULT_SAMPLES", "SENTENCE_STATS", "ScoreFromStats", "paired_bootstrap", "resample_counts"]
+__all__ = ["DEFAULT_ALPHA", "DEFAULT_SAMPLES", "SENTENCE_STATS", "ScoreFromStats", "paired_bootstrap", "resample_counts", "significant"]

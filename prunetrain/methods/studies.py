@@ -41,7 +41,8 @@ from torch import nn
 from prunetrain.engine.heads import find_heads
 from prunetrain.engine.mask import HeadMask
 from prunetrain.methods.curve import check_fractions, metric_value, pruning_curve
-from prunetrain.methods.significance import DEFAULT_ALPHA, DEFAULT_SAMPLES, SENTENCE_STATS, paired_bootstrap
+from prunetrain.methods.significance import (DEFAULT_ALPHA, DEFAULT_SAMPLES, SENTENCE_STATS, paired_bootstrap,
+                                             significant)
 from prunetrain.utils.plots import TensorBoardLog, curves_figure, pyplot
 from prunetrain.utils.progress import bar
 from prunetrain.utils.validate import check_int, check_level, check_positive_float
@@ -181,8 +182,8 @@ class PairedTest:
     def p_value(self, journal: Journal, unit: str) -> float | None:
         return journal.units.get(f"{unit}#p")
 
-    def significant(self, p: float | None) -> bool | None:
-        return None if p is None else p < self.alpha
+    def significant(self, p: float | None) -> bool:
+        return significant(p, self.alpha)
 
     def describe(self, metric: Metric) -> dict | None:
         """The test as recorded in a result (None when it did not run)."""
@@ -350,7 +351,7 @@ def ablation_table(result: Mapping) -> str:
     def cell(row) -> str:
         text = f"{row['delta']:+.2f}"
         text = f"**{text}**" if abs(row["delta"]) > threshold else text
-        return text + "†" if test and row.get("p_value") is not None and row["p_value"] < test["alpha"] else text
+        return text + "†" if test and significant(row.get("p_value"), test["alpha"]) else text
 
     for kind in dict.fromkeys(r["kind"] for r in rows):
         mine = [r for r in rows if r["kind"] == kind]
@@ -634,7 +635,7 @@ def write_cross_dataset_outputs(result: Mapping, out_dir: str | Path | None) -> 
     title = f"ablating each head on two datasets\nPearson r = {_num(r)}, Spearman ρ = {_num(rho)}"
     if significance is not None:
         alpha = significance["alpha"]
-        ringed = [h for h in heads if any(h[p] is not None and h[p] < alpha for p in ("p_a", "p_b"))]
+        ringed = [h for h in heads if significant(h["p_a"], alpha) or significant(h["p_b"], alpha)]
         ax.scatter([h["delta_a"] for h in ringed], [h["delta_b"] for h in ringed], s=40, facecolors="none",
                    edgecolors="k", linewidths=0.8, label=f"p < {alpha:g} on either")
         title += (f"\nringed: p < {alpha:g} on either ({significance['num_significant_either']} heads, "

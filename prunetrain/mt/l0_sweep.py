@@ -99,7 +99,6 @@ def gate_run(model: nn.Module, tokenizer, train_set, valid_pairs, out: Path, *, 
              recipe: GateSweepRecipe, bf16: bool) -> dict:
     """Fine-tune `model` (modified in place) with Hard-Concrete gates, shrink it to the deterministic gates and score
     it. Returns the run record (also written to `out/result.json`)."""
-
     from prunetrain.training.callbacks import HardConcreteCallback
     from prunetrain.engine.shrink import shrink
     from prunetrain.mt.translation import evaluate_bleu

@@ -170,7 +170,8 @@ def train(recipe: Recipe, model, inputs: RunInputs, out_dir: Path, callbacks: li
     if resume:
         checkpoint = last_complete_checkpoint(out_dir, callbacks)
         if checkpoint is None:
-            raise ValueError(f"--resume: {str(out_dir)!r} has no checkpoint-* directory to resume from.")
+            raise ValueError(f"--resume: {str(out_dir)!r} has no complete checkpoint-* directory (the Trainer's "
+                             f"state and every callback's) to resume from.")
         restore_layout(model, checkpoint)
     return train_seq2seq(model, args, inputs.train_set, inputs.tokenizer, callbacks, checkpoint).model
 
