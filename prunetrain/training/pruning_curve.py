@@ -13,7 +13,7 @@ from __future__ import annotations
 from typing import Callable, Iterable, Mapping, Sequence
 
 from prunetrain.engine.heads import find_heads, unwrap_model
-from prunetrain.methods.curve import DEFAULT_FRACTIONS, Curve, Metric, pruning_curve
+from prunetrain.methods.curve import DEFAULT_FRACTIONS, Curve, HeadScope, Metric, Ranking, pruning_curve
 from prunetrain.methods.importance import get_scorer, random_scores
 from prunetrain.methods.selection import SCOPES, select_heads
 from prunetrain.training.base import (check_callback_kinds, check_epochs_fit, check_model_kinds, combined_attached,
@@ -219,17 +219,18 @@ class PruningCurveCallback(ScheduledCallback):
         fractions = sorted(float(f) for f in meta["to_original"])
         if not fractions:
             return {}, meta
-        common = dict(fractions=fractions, scope=self.scope, kinds=self.kinds,
-                      min_heads_per_layer=self.min_heads_per_layer, base_mask=combined_attached(model),
-                      key=self.metric_key, metric_name=self.metric_key)
+        heads = HeadScope(scope=self.scope, kinds=self.kinds, min_heads_per_layer=self.min_heads_per_layer,
+                          base_mask=combined_attached(model))
+        common = dict(fractions=fractions, heads=heads, key=self.metric_key, metric_name=self.metric_key)
         curves: dict[str, Curve] = {}
         if self.order in ("importance", "both"):
-            curves["importance"] = pruning_curve(model, self.metric, batches=self._batches(model, train_dataloader),
-                                                 iterative=self.iterative, scorer=self.scorer,
-                                                 scorer_options=self.scorer_options, **common)
+            ranking = Ranking(batches=self._batches(model, train_dataloader), iterative=self.iterative,
+                              scorer=self.scorer, scorer_options=self.scorer_options)
+            curves["importance"] = pruning_curve(model, self.metric, ranking=ranking, **common)
         if self.order in ("random", "both"):
             for seed in self.random_seeds:
-                curves[f"random_seed{seed}"] = pruning_curve(model, self.metric, order="random", seed=seed, **common)
+                curves[f"random_seed{seed}"] = pruning_curve(model, self.metric, ranking=Ranking("random", seed=seed),
+                                                             **common)
         return curves, meta
 
     def figure(self):
