@@ -415,6 +415,7 @@ def _env():
 def test_killed_and_resumed_run_ends_with_the_same_masks(tmp_path, multi30k_dir, mode):
     full, killed = tmp_path / "full", tmp_path / "killed"
     command = [sys.executable, str(TINY_SCRIPT), "--data", str(multi30k_dir), "--callback", mode]
+    command += ["--clock"] if mode == "prune-mask-shrink" else []  # the training clock's FLOPs survive the kill too
     done = _run(command + ["--out", str(full)], tmp_path, _env())
     assert done.returncode == 0, done.stderr[-3000:]
     # start again and kill -9 the process once the epoch-2 checkpoint (with our state) is on disk
@@ -437,6 +438,8 @@ def test_killed_and_resumed_run_ends_with_the_same_masks(tmp_path, multi30k_dir,
     if mode == "prune-mask-shrink":  # killed on the model shrunk at step 32, resumed on it: 18 heads present, 12 kept
         assert sum(len(s["heads"]) for s in b["layout"]["sites"]) == 18
         assert sum(sum(v) for v in b["mask"]["sites"].values()) == 12
+        assert a["flops"] == b["flops"] > 0 and a["flop_records"] == b["flop_records"]
+        assert [target for _, _, target in b["flop_records"]] == [2e8, 6e8]
     if mode == "gates":
         for key in a["log_alpha"]:
             assert torch.allclose(torch.tensor(a["log_alpha"][key]), torch.tensor(b["log_alpha"][key]), atol=1e-5)

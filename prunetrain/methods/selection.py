@@ -7,7 +7,10 @@ The amount convention (one for the whole project):
 - it is the share of ALL heads of the ORIGINAL layout (in scope) that are pruned in the end: heads already removed,
   by zeros in `base_mask` or physically by `shrink` (a site's `original_num_heads - num_heads`), count toward it, and
   only the difference is newly removed (nothing, if the base already removes as many or more);
-- a fraction becomes a count by rounding half up: round(0.25 * 18) = 5.
+- a fraction becomes a count by rounding half up: round(0.25 * 18) = 5;
+- a mapping {kind: amount} gives each attention kind its own amount (each kind ranked within itself; kinds it does
+  not name are not pruned): e.g. Voita et al.'s order, encoder self-attention pruned most and cross attention least,
+  `{"encoder_self": 42, "decoder_self": 36, "cross": 30}`.
 
 Ties are broken deterministically: among equal scores the head in the earlier site (layout order) goes first, then
 the lower head index. With grouped-query attention (Llama-style, `site.group_size` g > 1) heads are selected in
@@ -73,9 +76,22 @@ def _units(scores: HeadScores, mask: HeadMask, site_index: int) -> list[_Unit]:
     return units
 
 
+def check_kind_amounts(argument: str, amount: Mapping) -> dict[str, int | float]:
+    """A per-kind amount {kind: amount}: known kinds, at least one, each amount valid (`check_amount`)."""
+    if not amount:
+        raise ValueError(f"{argument}: an empty per-kind amount; name at least one of {', '.join(KINDS)}.")
+    out = {}
+    for kind, value in amount.items():
+        if kind not in KINDS:
+            raise ValueError(f"{argument}: {kind!r} is not an attention kind; per-kind amounts name "
+                             f"{', '.join(KINDS)}.")
+        out[kind] = check_amount(f"{argument}[{kind!r}]", value)
+    return out
+
+
 def select_heads(
     scores: HeadScores,
-    amount: int | float,
+    amount: int | float | Mapping[str, int | float],
     *,
     scope: str = "global",
     kinds: str | Iterable[str] | None = None,
@@ -87,7 +103,9 @@ def select_heads(
 
     Args:
         scores: the head scores (low = pruned first).
-        amount: how much to prune in total: a fraction (float in [0, 1]) or a count (int) of the heads in scope.
+        amount: how much to prune in total: a fraction (float in [0, 1]) or a count (int) of the heads in scope,
+            or a mapping {kind: amount} (each kind its own amount, ranked within the kind; `scope` and `kinds`
+            must then be left at "global"/None or "kind").
         scope: "global": one ranking over all heads in `kinds`, `amount` of all their heads;
             "kind": `amount` of each kind's heads, ranked within the kind (e.g. 50% of encoder self-attention AND
             50% of cross-attention); "layer": `amount` of each site's heads, ranked within the site.
@@ -101,7 +119,15 @@ def select_heads(
     """
     if not isinstance(scores, HeadScores):
         raise ValueError(f"scores: expected a prunetrain HeadScores, got {type(scores).__name__}.")
-    check_amount("amount", amount)
+    per_kind = None
+    if isinstance(amount, Mapping):
+        per_kind = check_kind_amounts("amount", amount)
+        if scope == "layer" or kinds is not None:
+            raise ValueError(f"amount: a per-kind amount {per_kind!r} already says which kinds are pruned and by how "
+                             f"much; leave scope='global' or 'kind' and kinds=None.")
+        scope, kinds = "kind", list(per_kind)
+    else:
+        check_amount("amount", amount)
     if scope not in SCOPES:
         raise ValueError(f"scope: {scope!r} is not one of {', '.join(map(repr, SCOPES))}.")
     if isinstance(min_heads_per_layer, bool) or not isinstance(min_heads_per_layer, int):
@@ -132,7 +158,8 @@ def select_heads(
     else:
         groups = [[i] for i in in_scope]
     for group in groups:
-        _prune_group(scores, mask, group, amount, min_heads_per_layer, scope)
+        group_amount = amount if per_kind is None else per_kind[layout.sites[group[0]].kind]
+        _prune_group(scores, mask, group, group_amount, min_heads_per_layer, scope)
     if constraints is not None:
         from prunetrain.methods.constraints import apply_constraints
 
@@ -267,4 +294,4 @@ def iterative_prune(
     return result
 
 
-__all__ = ["PruneResult", "PruneStep", "SCOPES", "iterative_prune", "select_heads"]
+__all__ = ["PruneResult", "PruneStep", "SCOPES", "check_kind_amounts", "iterative_prune", "select_heads"]

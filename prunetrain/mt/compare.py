@@ -14,7 +14,12 @@ every stretch between shrinks. Against the first run (the reference):
   same computation, so the ratio of their training times there measures the drift; the equal-time comparison is
   repeated with the run's time divided by that ratio.
 
-Writes `compare.json`, `compare.md` and `compare.png` (BLEU against training time, heads per kind over steps).
+- **equal training FLOPs** (drift-free): runs that share a name are seeds of one arm; each arm's test BLEU at the FLOP
+  points every run evaluated, its final scores as mean ± sd over seeds, and a paired bootstrap between the final
+  models of the reference arm and each other arm, seed by seed (`prunetrain.mt.compare_arms`).
+
+Writes `compare.json`, `compare.md` and `compare.png` (BLEU against training FLOPs and training time, heads per kind
+over steps).
 """
 
 from __future__ import annotations
@@ -120,8 +125,11 @@ def compare_runs(runs: dict[str, dict]) -> dict:
 
 
 def comparison_markdown(comparison: dict) -> str:
+    from prunetrain.mt.compare_arms import arms_markdown
+
     ref = comparison["reference"]
-    lines = ["# Runs side by side", "", "| run | heads | parameters | steps | training min (steps only) | wall min "
+    lines = ["# Runs side by side", ""] + (arms_markdown(comparison) + ["", "## Every run"]
+                                            if comparison.get("arms") else []) + ["", "| run | heads | parameters | steps | training min (steps only) | wall min "
              "(training) | whole run min | test BLEU | decode sent/s |", "|---|---|---|---|---|---|---|---|---|"]
     for r in comparison["runs"]:
         params = f"{r['parameters'] / 1e6:.2f} M" if r.get("parameters") else ""
@@ -174,29 +182,39 @@ def _num(value, digits: int = 1) -> str:
     return "" if value is None else f"{value:.{digits}f}"
 
 
-def write_comparison(run_dirs: list[str | Path], output: str | Path, names: list[str] | None = None) -> dict:
+def write_comparison(run_dirs: list[str | Path], output: str | Path, names: list[str] | None = None, *,
+                     samples: int = 1000) -> dict:
     """Compare finished recipe runs (the first is the reference) and write `compare.json`, `compare.md` and
     `compare.png` into `output` (created; an existing non-empty directory is refused before anything is written).
 
     Args:
         run_dirs: run directories (each with `results.json`), the reference first; at least two.
         output: the directory to write.
-        names: a name per run (default: the directories' names).
+        names: a name per run (default: the directories' names); runs that share a name are seeds of one arm,
+            summarised over seeds and tested against the first arm (`prunetrain.mt.compare_arms`).
+        samples: resamples of the paired bootstrap between final models.
     """
     from prunetrain.mt.report import training_figure
+
+    from prunetrain.mt.compare_arms import compare_arms, run_seed
 
     if len(run_dirs) < 2:
         raise ValueError(f"runs: {len(run_dirs)} given; compare at least two run directories (the reference first).")
     names = list(names) if names else [Path(d).name for d in run_dirs]
-    if len(names) != len(run_dirs) or len(set(names)) != len(names):
-        raise ValueError(f"names: {names!r} must give one distinct name per run ({len(run_dirs)} runs).")
-    runs = {n: load_run(d) for n, d in zip(names, run_dirs)}
+    if len(names) != len(run_dirs) or not all(names):
+        raise ValueError(f"names: {names!r} must give one name per run ({len(run_dirs)} runs); runs that share a "
+                         f"name are seeds of one arm.")
+    loaded = [load_run(d) for d in run_dirs]
     output = Path(output)
     if output.exists() and (not output.is_dir() or any(output.iterdir())):
         raise ValueError(f"output: {str(output)!r} already exists and is not empty; choose a new directory.")
-    comparison = compare_runs(runs)
+    arms = compare_arms(names, loaded, run_dirs, samples=samples)
+    seeded = {n for n in names if names.count(n) > 1}
+    labels = [f"{n} (seed {run_seed(r)})" if n in seeded else n for n, r in zip(names, loaded)]
+    runs = dict(zip(labels, loaded))
+    comparison = dict(compare_runs(runs), **arms)
     output.mkdir(parents=True, exist_ok=True)
-    first, *others = names
+    first, *others = labels
     figure = training_figure(output, dict(runs[first], trained_name=first), {n: runs[n] for n in others})
     if figure:
         (output / figure).replace(output / "compare.png")

@@ -206,21 +206,28 @@ def _training_time_lines(run: Path, results: dict) -> list[str]:
 
 
 def training_figure(run: Path, results: dict, others: dict | None = None) -> str | None:
-    """BLEU against training-step minutes (this run and `others`: {label: results}) and heads per kind against
-    steps; written to `figures/training.png`, returned relative to `run` (None without BLEU records)."""
+    """BLEU against training FLOPs and against training-step minutes (this run and `others`: {label: results}) and
+    heads per kind against steps; written to `figures/training.png`, returned relative to `run` (None without BLEU records)."""
     from prunetrain.utils.plots import pyplot
 
     runs = {results.get("trained_name") or "this run": results, **(others or {})}
     if not any(r.get("bleu_over_training") for r in runs.values()):
         return None
     plt = pyplot()
-    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4))
+    fig, (by_flops, left, right) = plt.subplots(1, 3, figsize=(16, 4))
+    for name, r in runs.items():
+        records = [x for x in r.get("bleu_over_training") or [] if x.get("flops") is not None]
+        by_flops.plot([x["flops"] / 1e14 for x in records], [x["bleu"] for x in records], marker="o", label=name)
+    by_flops.set_xlabel("training FLOPs (×10¹⁴, matmul, forward + backward)")
+    by_flops.set_ylabel("test BLEU")
+    by_flops.legend(fontsize=7)
+    by_flops.grid(alpha=0.3)
     for name, r in runs.items():
         records = r.get("bleu_over_training") or []
         left.plot([x["step_seconds"] / 60 for x in records], [x["bleu"] for x in records], marker="o", label=name)
     left.set_xlabel("training time (min of optimizer steps)")
     left.set_ylabel("test BLEU")
-    left.legend(fontsize=8)
+    left.legend(fontsize=7)
     left.grid(alpha=0.3)
     for name, r in runs.items():
         heads = _heads_per_kind_trace(r)

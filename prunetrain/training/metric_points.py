@@ -10,6 +10,12 @@ outside it). Register this callback *before* the other prunetrain callbacks so i
 
 Each stretch of training with a constant number of parameters (a mid-training shrink starts a new one) is recorded
 with its steps, seconds and steps per second, so the speed-up of every shrink is read off directly.
+
+Compute that does not drift: the clock also counts the matmul FLOPs of every training step (forward + backward) from
+the real shape of each batch and the model as it was at that step (`prunetrain.training.compute`). Every record and
+every stretch carries them; `at_flops` evaluates when the cumulative count first reaches given values (so runs are
+compared at equal compute without interpolation), and `max_flops` stops training once a budget is spent — a run
+defined by its compute, identical on every machine.
 """
 
 from __future__ import annotations
@@ -19,9 +25,11 @@ from typing import Callable, Iterable
 
 from prunetrain.engine.heads import find_heads, unwrap_model
 from prunetrain.training.base import combined_attached
+from prunetrain.training.compute import TrainingFlopMeter
 from prunetrain.training.points import Plan, Point, check_step_points, epoch_spec, label
 from prunetrain.training.scheduled import ScheduledCallback
 from prunetrain.training.state import RngState
+from prunetrain.utils.validate import check_positive_float
 
 
 class MetricPointsCallback(ScheduledCallback):
@@ -35,18 +43,28 @@ class MetricPointsCallback(ScheduledCallback):
         at_epochs: epoch points (fractional allowed), as for the other scheduled callbacks.
         metric_key: the entry logged to TensorBoard when the metric returns a dict (default "value").
         record_end: also evaluate at the last step when it is not a planned point.
+        at_flops: more points, as cumulative training FLOPs (increasing): each fires at the first step whose
+            cumulative count reaches it.
+        max_flops: stop training after the step at which the cumulative training FLOPs reach this budget (None: no
+            budget). The run overshoots by less than one step's FLOPs; the exact count is recorded.
         output_dir, tensorboard: see `PrunetrainCallback`.
     """
 
     name = "metric-points"
 
     def __init__(self, metric: Callable, *, at_steps: Iterable[int] = (), at_epochs=(), metric_key: str = "value",
-                 record_end: bool = True, output_dir: str | None = None, tensorboard: bool = True):
+                 record_end: bool = True, at_flops: Iterable[float] = (), max_flops: float | None = None,
+                 output_dir: str | None = None, tensorboard: bool = True):
         super().__init__(output_dir, tensorboard)
         if not callable(metric):
             raise ValueError(f"metric: {metric!r} is not a callable model -> float | dict.")
         selector, epochs = epoch_spec(list(at_epochs), "at_epochs")
         self._init_points(Plan(epochs, check_step_points("at_steps", list(at_steps)), selector), record_end)
+        self.at_flops = _check_flop_points(list(at_flops))
+        self.max_flops = None if max_flops is None else check_positive_float("max_flops", max_flops)
+        self.budget_reached_at_step: int | None = None
+        self.meter = TrainingFlopMeter()
+        self._flop_points_done: set[float] = set()
         self.metric, self.metric_key = metric, metric_key
         self.records: list[dict] = []
         self.segments: list[dict] = []  # stretches of constant size: {from_step, to_step, steps, seconds, parameters}
@@ -59,32 +77,57 @@ class MetricPointsCallback(ScheduledCallback):
     def on_train_begin(self, args, state, control, model=None, train_dataloader=None, **kwargs):
         self._setup(args, state, model)
         self._restore(args, state)
+        if model is not None:
+            self.meter.attach(unwrap_model(model))
         self._train_started = time.time()
         self._start_plan(args, state, train_dataloader)
 
     def on_step_begin(self, args, state, control, **kwargs):
         if self._step_started is None:
             self._step_started = time.perf_counter()
+        self.meter.open()
 
     def on_step_end(self, args, state, control, model=None, **kwargs):
+        step = int(state.global_step)
         if self._step_started is not None:
             seconds = time.perf_counter() - self._step_started
             self._step_started = None
             self.step_seconds += seconds
-            self._count_step(int(state.global_step), seconds, model)
+            flops = self.meter.close(unwrap_model(model), step) if model is not None else None
+            self._count_step(step, seconds, flops, model)
+        self._fire_flop_points(state, model=model, **kwargs)
         super().on_step_end(args, state, control, model=model, **kwargs)
+        if self.max_flops is not None and self.budget_reached_at_step is None and self.flops >= self.max_flops:
+            self.budget_reached_at_step = step
+            control.should_training_stop = True
+            self._log(f"{label(step, float(state.epoch or 0))}: the budget of {self.max_flops:.4g} training FLOPs "
+                      f"is spent ({self.flops:.4g}); training stops")
+        return control
 
-    def _count_step(self, step: int, seconds: float, model) -> None:
+    @property
+    def flops(self) -> int:
+        """Matmul FLOPs of all training steps so far (forward + backward)."""
+        return self.meter.total
+
+    def _fire_flop_points(self, state, **kwargs) -> None:
+        due = [value for value in self.at_flops if value <= self.flops and value not in self._flop_points_done]
+        if due and int(state.global_step) not in self.done:
+            step, epoch = int(state.global_step), float(state.epoch or 0)
+            self._fire(Point(("flops", due[-1]), step, epoch), "flops", state, **kwargs)
+        self._flop_points_done.update(due)
+
+    def _count_step(self, step: int, seconds: float, flops: int | None, model) -> None:
         size = sum(p.numel() for p in unwrap_model(model).parameters()) if model is not None else None
         last = self.segments[-1] if self.segments else None
         if last is None or last["parameters"] != size:
             heads = find_heads(unwrap_model(model)).total_heads if model is not None else None
-            last = {"from_step": step, "to_step": step, "steps": 0, "seconds": 0.0, "parameters": size,
+            last = {"from_step": step, "to_step": step, "steps": 0, "seconds": 0.0, "flops": 0, "parameters": size,
                     "heads": heads}
             self.segments.append(last)
         last["to_step"] = step
         last["steps"] += 1
         last["seconds"] += seconds
+        last["flops"] = None if flops is None or last.get("flops") is None else last["flops"] + flops
         last["steps_per_second"] = last["steps"] / last["seconds"] if last["seconds"] > 0 else None
 
     def wall_seconds(self) -> float:
@@ -104,8 +147,10 @@ class MetricPointsCallback(ScheduledCallback):
             rng.restore()
         result = value if isinstance(value, dict) else {self.metric_key: float(value)}
         step, epoch = int(state.global_step), float(state.epoch or 0)
-        record = {"step": step, "epoch": epoch, "label": label(step, epoch), "kind": kind,
+        record = {"step": step, "epoch": epoch, "label": label(step, epoch), "kind": kind, "given": point.spec,
+                  "flops_target": point.given[1] if point.given[0] == "flops" else None,
                   "step_seconds": self.step_seconds, "wall_seconds": self.wall_seconds(),
+                  "flops": self.flops if self.meter.counted else None,
                   "metric_seconds": time.time() - started, "heads": heads_alive(net),
                   "parameters": sum(p.numel() for p in net.parameters()),
                   **{k: v for k, v in result.items() if isinstance(v, (int, float, str, bool)) or v is None}}
@@ -115,10 +160,14 @@ class MetricPointsCallback(ScheduledCallback):
             self._tb_scalar(f"prunetrain/{self.metric_key}", record[self.metric_key], step)
             self._tb_scalar(f"prunetrain/{self.metric_key}_vs_step_seconds", record[self.metric_key],
                             int(round(self.step_seconds)))
+            if record["flops"] is not None:
+                self._tb_scalar(f"prunetrain/{self.metric_key}_vs_training_tflops", record[self.metric_key],
+                                int(round(record["flops"] / 1e12)))
             self._log(f"{label(step, epoch)}: {self.metric_key} {record[self.metric_key]:.2f} after "
                       f"{self.step_seconds / 60:.1f} min of training steps ({record['heads']} heads)")
 
     def on_train_end(self, args, state, control, **kwargs):
+        self.meter.detach()
         self._finish_plan(state)
         self._write_json("metric_points.json", self.state_dict())
         super().on_train_end(args, state, control, **kwargs)
@@ -126,14 +175,28 @@ class MetricPointsCallback(ScheduledCallback):
     # checkpoint state -----------------------------------------------------------------------------------------------
     def state_dict(self) -> dict:
         return {"records": self.records, "segments": self.segments, "step_seconds": self.step_seconds,
-                "wall_seconds": self.wall_seconds(), **self.points_state()}
+                "wall_seconds": self.wall_seconds(), "flops": self.meter.state_dict(), "max_flops": self.max_flops,
+                "budget_reached_at_step": self.budget_reached_at_step, **self.points_state()}
 
     def load_state_dict(self, state: dict) -> None:
         self.records = list(state.get("records", []))
         self.segments = list(state.get("segments", []))
         self.step_seconds = float(state.get("step_seconds", 0.0))
         self._wall_before = float(state.get("wall_seconds", 0.0))
+        self.meter.load_state_dict(state.get("flops") or {})
+        self.budget_reached_at_step = state.get("budget_reached_at_step")
+        self._flop_points_done = {value for value in self.at_flops if value <= self.flops}
         self.load_points_state(state)
+
+
+def _check_flop_points(values: list) -> list[float]:
+    """FLOP points: finite numbers > 0, strictly increasing."""
+    for value in values:
+        check_positive_float("at_flops", value)
+    for earlier, later in zip(values, values[1:]):
+        if later <= earlier:
+            raise ValueError(f"at_flops: {values!r} is out of order; give increasing FLOP counts, each once.")
+    return [float(v) for v in values]
 
 
 def heads_alive(model) -> int:

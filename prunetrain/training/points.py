@@ -90,12 +90,28 @@ def check_amount_schedule(argument: str, schedule: Mapping, unit: str) -> dict:
     (check_epoch_points if unit == "epoch" else check_step_points)(f"{argument} ({unit}s)", keys)
     previous = None
     for key in keys:
-        amount = check_amount(f"{argument}[{key}]", schedule[key])
-        if previous is not None and type(previous) is type(amount) and amount < previous:
+        amount = schedule[key]
+        if isinstance(amount, Mapping):
+            from prunetrain.methods.selection import check_kind_amounts
+
+            amount = check_kind_amounts(f"{argument}[{key}]", amount)
+        else:
+            amount = check_amount(f"{argument}[{key}]", amount)
+        if previous is not None and amount_decreases(previous, amount):
             raise ValueError(f"{argument}[{key}]: {amount!r} is less than the {previous!r} pruned before; the "
                              f"schedule gives cumulative amounts, and pruned heads do not come back.")
         previous = amount
     return dict(schedule)
+
+
+def amount_decreases(earlier, later) -> bool:
+    """Whether a cumulative amount goes back: same-typed amounts that decrease, or a per-kind amount {kind: amount}
+    that decreases (or drops) a kind the earlier one pruned. Amounts of different types are not comparable here."""
+    if isinstance(earlier, Mapping) or isinstance(later, Mapping):
+        if not (isinstance(earlier, Mapping) and isinstance(later, Mapping)):
+            return False
+        return any(kind not in later or amount_decreases(value, later[kind]) for kind, value in earlier.items())
+    return type(earlier) is type(later) and later < earlier
 
 
 def steps_per_epoch(args, train_dataloader) -> int | None:

@@ -25,6 +25,7 @@ def main():
                                                                        "gates"])
     parser.add_argument("--epochs", type=int, default=4)
     parser.add_argument("--resume", action="store_true")
+    parser.add_argument("--clock", action="store_true", help="also the training clock (FLOPs, a FLOP point)")
     opts = parser.parse_args()
     out = Path(opts.out)
     rank = int(os.environ.get("RANK", "0"))
@@ -50,15 +51,24 @@ def main():
         save_strategy="epoch", report_to=[], use_cpu=True, logging_steps=4, seed=0, disable_tqdm=True,
         ddp_backend="gloo" if int(os.environ.get("WORLD_SIZE", "1")) > 1 else None, dataloader_num_workers=0,
     )
+    callbacks = [callback]
+    if opts.clock:
+        from prunetrain.training.metric_points import MetricPointsCallback
+
+        callbacks.insert(0, MetricPointsCallback(lambda m: 0.0, at_flops=[2e8, 6e8]))
     checkpoint = None
     if opts.resume:
-        checkpoint = last_complete_checkpoint(out, [callback])  # a checkpoint cut short by the kill is skipped
+        checkpoint = last_complete_checkpoint(out, callbacks)  # a checkpoint cut short by the kill is skipped
         restore_layout(model, checkpoint)
     trainer = Seq2SeqTrainer(model=model, args=args, train_dataset=dataset, data_collator=collator,
-                             processing_class=tokenizer, callbacks=[callback])
+                             processing_class=tokenizer, callbacks=callbacks)
     trainer.train(resume_from_checkpoint=checkpoint)
     mask = callback.mask if opts.callback != "gates" else callback.final_mask
     result = {"mask": mask.to_dict(), "layout": find_heads(model).to_dict(), "resumed_from": checkpoint}
+    if opts.clock:
+        clock = callbacks[0]
+        result["flops"] = clock.flops
+        result["flop_records"] = [(r["step"], r["flops"], r["flops_target"]) for r in clock.records]
     if opts.callback == "gates":
         result["log_alpha"] = {k: v.tolist() for k, v in callback.gates.state_dict().items()}
     (out / f"rank{rank}_result.json").write_text(json.dumps(result))

@@ -1,0 +1,146 @@
+"""Does pruning during training pay? The study's parts, small: runs defined by a FLOP budget, the baselines as recipe
+settings (the same architecture from scratch, random heads at initialisation, per-kind budgets), and `prunetrain
+compare` aggregating seeds with a paired bootstrap between final models."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+import prunetrain as pt
+from conftest import run_cli
+from prunetrain.methods.significance import paired_bootstrap
+from prunetrain.mt.bleu_stats import bleu_from_stats
+from prunetrain.mt.compare_arms import group_arms, mean_sd, value_at_flops
+from prunetrain.mt.init_architecture import apply_initial_architecture
+from prunetrain.mt.recipe import load_recipe
+
+SMOKE = ["--smoke", "--set", "eval.test_limit=24", "--set", "eval.num_beams=1", "--set", "eval.bench=false",
+         "--set", "pruning.curve_steps=[]", "--set", "train.max_steps=0", "--set", "train.max_flops=22000000000.0",
+         "--set", "eval.test_flops=[0.3, 0.6]", "--set", "eval.test_steps=[]", "--set", "train.epochs=4"]
+FULL = ["--set", "pruning.schedule_steps={}", "--set", "pruning.shrink_steps=[]"]
+
+
+def test_recipe_settings_of_the_study_are_validated():
+    recipe = load_recipe("wmt-small-deen", ["pruning.scope=kind",
+                                            "pruning.kept_per_kind={encoder_self: 6, decoder_self: 12, cross: 18}"])
+    # the schedule {400: 0.25, 600: 0.5, 800: 0.625, 1000: 0.75} reaches 1/3, 2/3, 5/6 and all of each final amount
+    assert recipe.kind_amounts(0.25) == {"encoder_self": 14, "decoder_self": 12, "cross": 10}
+    assert recipe.kind_amounts(0.75) == {"encoder_self": 42, "decoder_self": 36, "cross": 30}
+    bad = [
+        (["pruning.scope=kind", "pruning.kept_per_kind={encoder_self: 6, decoder_self: 12, cross: 17}"],
+         r"^pruning.kept_per_kind: .* keeps 35 heads, but the schedule's last fraction 0.75 keeps 36 of 144\.$"),
+        (["pruning.kept_per_kind={encoder_self: 6, decoder_self: 12, cross: 18}"],
+         r"^pruning.kept_per_kind: ranks each kind within itself, so it needs pruning.scope=kind"),
+        (["pruning.scope=kind", "pruning.kept_per_kind={encoder_self: 18, cross: 18}"],
+         r"^pruning.kept_per_kind: .* does not name decoder_self"),
+        (["pruning.scope=kind", "pruning.kept_per_kind={encoder_self: 2, decoder_self: 16, cross: 18}"],
+         r"^pruning.kept_per_kind\[encoder_self\]: 2 is not allowed; a kind of 6 sites keeps between 6 and 48"),
+        (["pruning.kept_per_kind={encoder: 6}"], r"^pruning.kept_per_kind: 'encoder' is not one of"),
+        (["pruning.init_layout=x", "pruning.init_heads=36"], r"^pruning.init_heads: set either"),
+        (["train.max_flops=-1.0"], r"^train.max_flops: -1.0 is not allowed"),
+        (["eval.test_flops=[0.5]"], r"^eval.test_flops: \[0.5\] are shares of train.max_flops, which is 0"),
+        (["train.max_flops=1000.0", "eval.test_flops=[0.5, 1.0]"], r"^eval.test_flops: 1.0 is not allowed"),
+        (["train.max_flops=1000.0", "eval.test_flops=[0.5, 0.2]"], r"^eval.test_flops: \[0.5, 0.2\] is out of order"),
+    ]
+    for overrides, pattern in bad:
+        with pytest.raises(ValueError, match=pattern):
+            load_recipe("wmt-small-deen", overrides)
+
+
+def _smoke_recipe(overrides=()):
+    lines = [line for line in open(pt.__path__[0] + "/mt/recipes/wmt-small-deen.smoke") if "=" in line
+             and not line.startswith("#")]
+    return load_recipe("wmt-small-deen", [line.strip() for line in lines] + list(overrides))
+
+
+def test_initial_architectures_are_fresh_small_models(tmp_path, m30k_tokenizer):
+    from prunetrain.mt.runner import build_model
+
+    recipe = _smoke_recipe()
+    pruned = build_model(recipe, m30k_tokenizer)
+    keep = {"model.encoder.layers.0.self_attn": [1, 3], "model.decoder.layers.1.encoder_attn": [0]}
+    pt.shrink(pruned, pt.HeadMask.from_heads(pruned, {k: [h for h in range(4) if h not in v] for k, v in keep.items()}))
+    pt.save_pruned(pruned, tmp_path / "pruned")
+    # from a recorded layout: the seed's fresh full model, cut to those heads (a from-scratch initialisation)
+    scratch = _smoke_recipe([f"pruning.init_layout={tmp_path}", "train.seed=5"])  # a run directory with pruned/
+    model, fresh = build_model(scratch, m30k_tokenizer), build_model(scratch, m30k_tokenizer)
+    info = apply_initial_architecture(scratch, model)
+    assert pt.find_heads(model).to_dict() == pt.find_heads(pruned).to_dict()
+    assert info["heads"] == 19 and info["from"].endswith("pruned/prunetrain_layout.json")
+    q, q_fresh = model.model.encoder.layers[0].self_attn.q_proj, fresh.model.encoder.layers[0].self_attn.q_proj
+    head_dim = q_fresh.weight.shape[0] // 4
+    assert torch.equal(q.weight, torch.cat([q_fresh.weight[h * head_dim:(h + 1) * head_dim] for h in (1, 3)]))
+    assert not torch.equal(q.weight, pruned.model.encoder.layers[0].self_attn.q_proj.weight)  # not the trained one
+    # random heads at initialisation: the count, at least min_heads_per_layer per site, seeded
+    randomly = _smoke_recipe(["pruning.init_heads=9", "train.seed=3"])
+    a, b = build_model(randomly, m30k_tokenizer), build_model(randomly, m30k_tokenizer)
+    apply_initial_architecture(randomly, a), apply_initial_architecture(randomly, b)
+    assert pt.find_heads(a).total_heads == 9 and pt.find_heads(a).to_dict() == pt.find_heads(b).to_dict()
+    assert min(site.num_heads for site in pt.find_heads(a)) >= 1
+    assert apply_initial_architecture(_smoke_recipe(), build_model(_smoke_recipe(), m30k_tokenizer)) is None
+    for overrides, pattern in ((["pruning.init_layout=" + str(tmp_path / "nowhere")], r"holds no prunetrain_layout"),
+                               (["pruning.init_heads=25"], r"^pruning.init_heads: 25 is more than the model's 24")):
+        with pytest.raises(ValueError, match=pattern):
+            bad = _smoke_recipe(overrides)
+            apply_initial_architecture(bad, build_model(bad, m30k_tokenizer))
+
+
+def test_seeds_are_arms_summarised_as_mean_and_sd():
+    runs = [{"recipe": {"train": {"seed": s}}} for s in (0, 1, 0)]
+    assert list(group_arms(["a", "a", "b"], runs)) == ["a", "b"]
+    with pytest.raises(ValueError, match=r"^names: arm 'a' has two runs with train.seed=0"):
+        group_arms(["a", "b", "a"], runs)
+    stat = mean_sd([30.0, 32.0, 34.0])
+    assert (stat["mean"], stat["sd"], stat["n"]) == (32.0, 2.0, 3)
+    assert mean_sd([1.0])["sd"] is None
+    records = [{"flops": 10, "bleu": 1.0, "flops_target": None}, {"flops": 30, "bleu": 3.0, "flops_target": 25.0}]
+    assert value_at_flops(records, 25.0) == 3.0  # evaluated where the run first reached the point
+    assert value_at_flops(records, 20.0) == pytest.approx(2.0) and value_at_flops(records, 40.0) is None
+
+
+@pytest.mark.slow
+def test_a_budget_defined_study_end_to_end(tmp_path, multi30k_dir):
+    """Two seeds of the smoke schedule, one of the full model and one of the schedule's final architecture from
+    scratch, all at one FLOP budget; `prunetrain compare` summarises the arms and tests seed by seed."""
+    data = ["--data-dir", multi30k_dir]
+    runs = {"gradual-0": SMOKE, "gradual-1": SMOKE + ["--set", "train.seed=1"], "full-0": SMOKE + FULL}
+    for name, args in runs.items():
+        done = run_cli("recipe", "wmt-small-deen", *args, *data, "--output", tmp_path / name)
+        assert done.returncode == 0, done.stderr[-3000:]
+    scratch = SMOKE + FULL + ["--set", f"pruning.init_layout={tmp_path / 'gradual-0'}"]
+    done = run_cli("recipe", "wmt-small-deen", *scratch, *data, "--output", tmp_path / "scratch-0")
+    assert done.returncode == 0, done.stderr[-3000:]
+    results = {name: json.loads((tmp_path / name / "results.json").read_text()) for name in [*runs, "scratch-0"]}
+    for name, r in results.items():
+        assert r["max_flops"] == 22e9 <= r["train_flops"] and r["flop_budget_reached_at_step"] == r["steps"], name
+        targets = [x["flops_target"] for x in r["bleu_over_training"] if x["kind"] == "flops"]
+        assert targets == [0.3 * 22e9, 0.6 * 22e9], name
+    # the smaller models take more steps for the same compute
+    assert results["scratch-0"]["steps"] > results["gradual-0"]["steps"] > results["full-0"]["steps"]
+    assert results["scratch-0"]["heads_kept"] == results["gradual-0"]["heads_kept"] == 12
+    assert results["scratch-0"]["initial_architecture"]["per_site"] == {
+        s["name"]: s["heads"] for s in json.loads((tmp_path / "gradual-0" / "pruned" / "prunetrain_layout.json")
+                                                  .read_text())["sites"]}
+    compared = run_cli("compare", *(tmp_path / n for n in ["gradual-0", "gradual-1", "full-0", "scratch-0"]),
+                       "--names", "gradual,gradual,full,scratch", "--output", tmp_path / "cmp",
+                       "--bootstrap-samples", "200")
+    assert compared.returncode == 0, compared.stderr[-3000:]
+    data = json.loads((tmp_path / "cmp" / "compare.json").read_text())
+    gradual = data["arms"][0]
+    assert gradual["arm"] == "gradual" and gradual["seeds"] == [0, 1]
+    assert gradual["bleu"]["mean"] == pytest.approx((results["gradual-0"]["test_pruned"]["bleu"]
+                                                     + results["gradual-1"]["test_pruned"]["bleu"]) / 2)
+    assert {row["flops"] for row in data["equal_flops"]} == {0.3 * 22e9, 0.6 * 22e9}
+    assert [(row["arm"], row["seed"]) for row in data["paired_tests"]] == [("full", 0), ("scratch", 0)]
+    stats = {n: json.loads((tmp_path / n / "test_translations.json").read_text())["sentence_stats"]
+             for n in ("gradual-0", "full-0")}
+    assert data["paired_tests"][0]["p_value"] == paired_bootstrap(stats["gradual-0"], stats["full-0"],
+                                                                  bleu_from_stats, samples=200)
+    assert data["paired_tests"][0]["delta"] == pytest.approx(results["full-0"]["test_pruned"]["bleu"]
+                                                             - results["gradual-0"]["test_pruned"]["bleu"])
+    markdown = (tmp_path / "cmp" / "compare.md").read_text()
+    for heading in ("## Arms", "## Equal training FLOPs", "## Paired bootstrap"):
+        assert heading in markdown
