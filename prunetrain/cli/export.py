@@ -10,7 +10,7 @@ import typer
 from prunetrain.cli import UserError, _emit, app
 from prunetrain.utils.validate import check_choice
 
-FORMATS = ("remote-code", "uniform", "padded", "onnx")  # prunetrain.export.formats.FORMATS (kept import-free here)
+FORMATS = ("remote-code", "uniform", "padded", "onnx", "gguf")  # prunetrain.export.formats.FORMATS (kept import-free here)
 
 
 @app.command("export")
@@ -20,7 +20,10 @@ def export_command(
     format: str = typer.Option("remote-code", "--format", "-f",
                                help="remote-code (self-contained, trust_remote_code=True) | uniform (standard "
                                     "config, same heads everywhere) | padded (original shapes, removed heads zero: "
-                                    "exact, no speed-up) | onnx (ONNX Runtime graphs)."),
+                                    "exact, no speed-up) | onnx (ONNX Runtime graphs) | gguf (llama.cpp, Llama "
+                                    "family, per-layer heads)."),
+    gguf_type: Optional[str] = typer.Option(None, "--gguf-type", help="With --format gguf: f32 (default, exact) or "
+                                                                      "f16 (weights rounded to f16)."),
     check: bool = typer.Option(False, "--check", help="List the formats SOURCE can be written in, and why not the "
                                                       "others; writes nothing."),
     overwrite: bool = typer.Option(False, "--overwrite", help="Replace an existing non-empty DESTINATION."),
@@ -28,6 +31,10 @@ def export_command(
     """Export a pruned model so that it runs without prunetrain; prints a JSON summary on stdout."""
     if not check:
         check_choice("--format", format, FORMATS)
+        if gguf_type is not None:
+            if format != "gguf":
+                raise UserError(f"--gguf-type: {gguf_type!r} is only for --format gguf, not {format!r}.")
+            check_choice("--gguf-type", gguf_type, ("f32", "f16"))
     if not (source / "config.json").is_file():
         raise UserError(f"source: {str(source)!r} is not a saved model directory (no config.json).")
     if check:
@@ -41,9 +48,9 @@ def export_command(
         return
     if destination is None:
         raise UserError("destination: missing; usage: prunetrain export SOURCE DESTINATION --format FORMAT.")
-    if destination.exists() and (not destination.is_dir() or any(destination.iterdir())) and not overwrite:
-        raise UserError(f"destination: {str(destination)!r} already exists and is not empty; pass --overwrite to "
-                        f"replace it.")
+    from prunetrain.utils.output_paths import check_output_dir
+
+    check_output_dir(destination, overwrite=overwrite, flag="destination", inputs={"source": source})
     if format == "onnx":
         try:
             import onnx  # noqa: F401
@@ -51,6 +58,12 @@ def export_command(
         except ImportError:
             raise UserError("--format: onnx needs the onnx and onnxruntime packages (pip install "
                             "'prunetrain[onnx]').") from None
+    if format == "gguf":
+        from prunetrain.export.llama_cpp import llama_cpp_missing
+
+        missing = llama_cpp_missing()
+        if missing is not None:
+            raise UserError(f"--format: gguf is checked in llama.cpp; {missing}")
     from prunetrain.export.formats import export
 
-    _emit(export(source, destination, format, overwrite=overwrite), None)
+    _emit(export(source, destination, format, overwrite=overwrite, gguf_type=gguf_type), None)

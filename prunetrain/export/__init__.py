@@ -4,20 +4,21 @@
   (`prunetrain.engine.remote_code` and `prunetrain/engine/modeling_prunetrain.py`);
 - `uniform`: a standard config with fewer heads, when every site keeps the same number (`uniform`);
 - `padded`: the original shapes with removed heads as zero weights: exact, no speed-up (`padded`);
-- `onnx`: ONNX graphs checked with ONNX Runtime, KV-cache graphs for generation (`onnx`).
+- `onnx`: ONNX graphs checked with ONNX Runtime, KV-cache graphs for generation (`onnx`);
+- `gguf`: llama.cpp's GGUF with per-layer head counts for the Llama family, checked in llama.cpp (`gguf`).
 
 `formats.export(source, destination, format)` writes any of them (checked against the model first, staged and
 renamed into place); `formats.check_formats(source)` says which formats can hold a model and why not the others.
 """
 
-FORMATS = ("remote-code", "uniform", "padded", "onnx")
+FORMATS = ("remote-code", "uniform", "padded", "onnx", "gguf")
 
 
-def export(source, destination, format: str, overwrite: bool = False) -> dict:
+def export(source, destination, format: str, overwrite: bool = False, gguf_type: str | None = None) -> dict:
     """See `prunetrain.export.formats.export`."""
     from prunetrain.export.formats import export as _export
 
-    return _export(source, destination, format, overwrite=overwrite)
+    return _export(source, destination, format, overwrite=overwrite, gguf_type=gguf_type)
 
 
 def check_formats(source) -> dict:

@@ -9,16 +9,17 @@ from __future__ import annotations
 
 import copy
 import os
+import re
 import shutil
-import tempfile
 from pathlib import Path
 
 from torch import nn
 
 from prunetrain.engine.heads import find_heads, unwrap_model
+from prunetrain.utils.output_paths import replace_directory, staging_directory
 from prunetrain.utils.validate import check_choice
 
-FORMATS = ("remote-code", "uniform", "padded", "onnx")
+FORMATS = ("remote-code", "uniform", "padded", "onnx", "gguf")
 MODEL_FILES = ("config.json", "generation_config.json", "prunetrain_layout.json", "modeling_prunetrain.py")
 TOLERANCE = {"remote-code": 0.0, "uniform": 0.0, "padded": 1e-5}
 
@@ -67,11 +68,14 @@ def check_formats(source: str | os.PathLike | nn.Module) -> dict[str, str | None
         out["onnx"] = None
     except ImportError:
         out["onnx"] = "onnx and onnxruntime are not installed (pip install 'prunetrain[onnx]')."
+    from prunetrain.export.gguf import gguf_reason
+
+    out["gguf"] = gguf_reason(model, source if isinstance(source, (str, os.PathLike)) else None)
     return out
 
 
 def export(source: str | os.PathLike | nn.Module, destination: str | os.PathLike, format: str,
-           overwrite: bool = False) -> dict:
+           overwrite: bool = False, gguf_type: str | None = None) -> dict:
     """Write `source` (a pruned model or directory) to `destination` in `format`; returns a summary dict.
 
     Args:
@@ -79,13 +83,22 @@ def export(source: str | os.PathLike | nn.Module, destination: str | os.PathLike
         destination: the directory to create.
         format: one of `FORMATS`: "remote-code" (self-contained directory, `trust_remote_code=True`), "uniform"
             (standard config, every site the same heads), "padded" (original shapes, removed heads zero: exact, no
-            speed-up), "onnx" (ONNX graphs checked with ONNX Runtime).
+            speed-up), "onnx" (ONNX graphs checked with ONNX Runtime), "gguf" (llama.cpp, Llama family, checked
+            in llama.cpp; `max_abs_diff` is then relative to the largest logit).
         overwrite: replace an existing non-empty `destination`.
+        gguf_type: "f32" (default) or "f16", for format "gguf" only.
 
     Returns:
-        {"format", "destination", "files", "max_abs_diff", "heads"}.
+        {"format", "destination", "files", "max_abs_diff", "heads"} (+ "gguf_type" for gguf).
     """
     check_choice("format", format, FORMATS)
+    if gguf_type is not None and format != "gguf":
+        raise ValueError(f"gguf_type: {gguf_type!r} is only for format 'gguf', not {format!r}.")
+    if format == "gguf":
+        from prunetrain.export.gguf import GGUF_TYPES
+
+        gguf_type = gguf_type or "f32"
+        check_choice("gguf_type", gguf_type, GGUF_TYPES)
     destination = Path(destination)
     if destination.exists() and (not destination.is_dir() or any(destination.iterdir())) and not overwrite:
         raise ValueError(f"destination: {str(destination)!r} already exists and is not empty; pass overwrite=True "
@@ -93,27 +106,30 @@ def export(source: str | os.PathLike | nn.Module, destination: str | os.PathLike
     if isinstance(source, (str, os.PathLike)) and Path(source).resolve() == destination.resolve():
         raise ValueError(f"destination: {str(destination)!r} is the source directory; choose another one.")
     model = load_source(source)
-    destination.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{destination.name}.", dir=destination.parent))
     from transformers.utils import logging as hf_logging
 
     bars = hf_logging.is_progress_bar_enabled()
     hf_logging.disable_progress_bar()  # stderr is for one-line errors
-    try:
-        out = staging / "out"
-        diff = _write(model, out, format)
-        if isinstance(source, (str, os.PathLike)):
-            _copy_extras(Path(source), out)
-        if destination.exists():
-            shutil.rmtree(destination) if destination.is_dir() else destination.unlink()
-        out.rename(destination)
+    try:  # staged beside the destination and removed at any error or signal; the old destination stays whole
+        with staging_directory(destination) as staging:  # until the new one is complete (utils/output_paths.py)
+            out = staging / "out"
+            if format == "gguf":
+                from prunetrain.export.gguf import export_gguf
+
+                tokenizer_dir = source if isinstance(source, (str, os.PathLike)) else None
+                diff = export_gguf(model, out, gguf_type, tokenizer_dir)
+            else:
+                diff = _write(model, out, format)
+            if isinstance(source, (str, os.PathLike)):
+                _copy_extras(Path(source), out)
+            replace_directory(out, destination)
     finally:
-        shutil.rmtree(staging, ignore_errors=True)
         if bars:
             hf_logging.enable_progress_bar()
-    return {"format": format, "destination": str(destination),
-            "files": sorted(p.name for p in destination.iterdir()), "max_abs_diff": diff,
-            "heads": find_heads(model).summary()}
+    summary = {"format": format, "destination": str(destination),
+               "files": sorted(p.name for p in destination.iterdir()), "max_abs_diff": diff,
+               "heads": find_heads(model).summary()}
+    return {**summary, "gguf_type": gguf_type} if format == "gguf" else summary
 
 
 def _write(model: nn.Module, out: Path, fmt: str) -> float:
@@ -171,19 +187,30 @@ def _load_remote(path: Path, model: nn.Module) -> nn.Module:
                                   attn_implementation=attn).eval()
 
 
+OTHER_WEIGHTS = re.compile(r"^(pytorch_model.*\.bin(\.index\.json)?|model\.bin|tf_model\.h5|flax_model\.msgpack"
+                           r"|.*\.(pt|pth|ckpt|pkl|pickle))$")
+"""Weights of the source in other formats (pickles among them): never copied beside the export's own weights."""
+
+
 def _copy_extras(source: Path, out: Path) -> None:
     for item in source.iterdir():
         if item.name in MODEL_FILES or item.name.startswith("model") and ".safetensors" in item.name:
             continue
-        if item.name.startswith("."):
+        if item.name.startswith(".") or OTHER_WEIGHTS.match(item.name):
             continue
         target = out / item.name
         if target.exists():
             continue
-        if item.is_dir():
-            shutil.copytree(item, target)
-        else:
-            shutil.copy2(item, target)
+        try:
+            if item.is_dir():
+                shutil.copytree(item, target)
+            else:
+                shutil.copy2(item, target)
+        except (OSError, shutil.Error) as err:  # shutil.Error lists every failed file: name the first one
+            first = err.args[0][0] if isinstance(err, shutil.Error) and err.args and err.args[0] else None
+            why = f"{first[0]}: {first[2]}" if first else (err.strerror or type(err).__name__)
+            raise ValueError(f"source: {str(item)!r} could not be copied into the export ({str(why)[:200]}).") \
+                from None
 
 
 __all__ = ["FORMATS", "check_formats", "export", "load_source"]

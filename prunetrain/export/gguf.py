@@ -1,0 +1,276 @@
+"""GGUF export for llama.cpp: a model of the Llama family with a different number of heads in every layer.
+
+llama.cpp's `deci` architecture (written for Nemotron-51B) reads the query and key/value head counts per layer
+(`deci.attention.head_count` and `head_count_kv` as arrays: `n_head(il)`, `n_head_kv(il)`) and runs a layer with no
+heads as an identity on the attention path (`cur = inpL`), so it computes, per layer l,
+
+    h = x + Σ_{h ∈ heads(l)} softmax(RoPE(q_h) RoPE(k_g(h))ᵀ / √d) v_g(h) W_o^h,   y = h + FFN_SwiGLU(RMSNorm(h))
+
+which is what a shrunk `LlamaForCausalLM` / `MistralForCausalLM` / `Qwen2ForCausalLM` computes. Tensors are
+written as llama.cpp's converter writes them: rows of W_q and W_k (and their biases) permuted per head from
+Hugging Face's rotate-half layout (pairs i, i + d/2) to the interleaved pairs (2i, 2i + 1) of llama.cpp's rotary
+embedding (`LLAMA_ROPE_TYPE_NORM`); q·k is unchanged because both are permuted alike.
+
+Refused with one sentence, nothing written: other families; rotary scaling other than the default; activations other
+than SiLU; a first layer with no heads (llama.cpp takes the head size from layer 0's head count); a head-less layer
+whose output projection has a bias (llama.cpp skips the whole attention path there). A sliding window (Mistral,
+Qwen2 with `use_sliding_window`) is written as the context length, below which the window never acts.
+
+Every export is run in llama.cpp before it is written (`check_gguf`): its logits on a probe must equal the model's
+within `TOLERANCE[type]`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch import nn
+
+from prunetrain.engine.heads import find_heads, unwrap_model
+
+FAMILIES = ("llama", "mistral", "qwen2")
+GGUF_TYPES = ("f32", "f16")
+FILE_NAME = "model.gguf"
+ARCH = "deci"
+# max |llama.cpp − model| over the probe's logits, relative to max |logit|. f32: both compute in f32 and differ only
+# in summation order. f16: weights are rounded to f16 and ggml rounds the activations multiplied with them to f16.
+TOLERANCE = {"f32": 1e-5, "f16": 2e-2}
+FILE_TYPE = {"f32": 0, "f16": 1}  # gguf.LlamaFileType.ALL_F32, MOSTLY_F16 (1-D tensors stay f32)
+
+
+@dataclass(frozen=True)
+class GgufPlan:
+    """What llama.cpp's `deci` graph needs to know about a model (from its weights, not only its config)."""
+
+    heads: tuple[int, ...]       # query heads per layer
+    kv_heads: tuple[int, ...]    # key/value heads per layer
+    head_dim: int
+    context_length: int
+    rope_theta: float
+    rms_norm_eps: float
+    tied: bool                   # lm_head shares the token embedding
+
+
+def _refuse(why: str) -> ValueError:
+    return ValueError(f"format: 'gguf' {why}")
+
+
+def _decoder_layers(model: nn.Module):
+    base = getattr(model, "model", None)
+    return getattr(base, "layers", None), base
+
+
+def _check_family(model: nn.Module) -> None:
+    config = model.config
+    model_type = getattr(config, "model_type", None)
+    if model_type not in FAMILIES or not type(model).__name__.endswith("ForCausalLM"):
+        raise _refuse(f"writes causal language models of the Llama family ({', '.join(FAMILIES)}) for llama.cpp's "
+                      f"per-layer-heads graph; {type(model).__name__} ({model_type!r}) is not one.")
+    act = getattr(config, "hidden_act", None)
+    if act != "silu":
+        raise _refuse(f"needs the SiLU-gated feed-forward llama.cpp runs; this model's hidden_act is {act!r}.")
+    rope = getattr(config, "rope_parameters", None) or {}
+    if rope.get("rope_type", "default") != "default" or rope.get("partial_rotary_factor", 1.0) != 1.0:
+        raise _refuse(f"writes the default rotary embedding over the whole head; this model's rope_parameters "
+                      f"are {dict(rope)!r}.")
+    layers, base = _decoder_layers(model)
+    if layers is None or not all(hasattr(base, n) for n in ("embed_tokens", "norm")):
+        raise _refuse(f"cannot find the decoder layers of {type(model).__name__} (model.layers, embed_tokens, norm).")
+
+
+def gguf_plan(model: nn.Module) -> GgufPlan:
+    """The per-layer head counts and hyper-parameters of `model` for llama.cpp; `ValueError` says why it cannot
+    be written exactly.
+
+    Args:
+        model: a (shrunk) Llama, Mistral or Qwen2 causal LM.
+    """
+    model = unwrap_model(model)
+    _check_family(model)
+    layers, base = _decoder_layers(model)
+    sites = [s for s in find_heads(model) if s.kind == "self"]
+    if len(sites) != len(layers):
+        raise _refuse(f"expects one attention site per layer; found {len(sites)} sites in {len(layers)} layers.")
+    head_dim = sites[0].head_dim
+    if head_dim % 2:
+        raise _refuse(f"needs an even head size for the rotary embedding; this model's is {head_dim}.")
+    heads, kv_heads = [], []
+    for index, layer in enumerate(layers):
+        attn = layer.self_attn
+        h, kv = attn.q_proj.weight.shape[0] // head_dim, attn.k_proj.weight.shape[0] // head_dim
+        if h == 0 and attn.o_proj.bias is not None and bool(attn.o_proj.bias.detach().ne(0).any()):
+            raise _refuse(f"cannot write layer {index}: it has no heads but its output projection adds a bias, and "
+                          f"llama.cpp skips the attention path of a head-less layer entirely.")
+        heads.append(h)
+        kv_heads.append(kv)
+    if heads[0] == 0:
+        raise _refuse("cannot write a model whose first layer has no heads: llama.cpp derives the head size from "
+                      "layer 0's head count (keep at least one key/value group there).")
+    config = model.config
+    context = int(getattr(config, "max_position_embeddings", 2048))
+    window = getattr(config, "sliding_window", None)
+    layer_types = getattr(config, "layer_types", None) or []
+    uses_window = window and (getattr(config, "use_sliding_window", True) is not False
+                              or "sliding_attention" in layer_types)
+    if uses_window:
+        context = min(context, int(window))  # within the window's length the window never masks anything
+    lm_head = model.get_output_embeddings()
+    tied = lm_head is not None and lm_head.weight.data_ptr() == base.embed_tokens.weight.data_ptr()
+    rope = getattr(config, "rope_parameters", None) or {}
+    return GgufPlan(tuple(heads), tuple(kv_heads), head_dim, context,
+                    float(rope.get("rope_theta", getattr(config, "rope_theta", 10000.0))),
+                    float(config.rms_norm_eps), tied)
+
+
+def rope_interleave(weight: torch.Tensor, heads: int) -> torch.Tensor:
+    """Rows of W_q or W_k (or a bias) from rotate-half order (i, i + d/2 pair up) to llama.cpp's interleaved order
+    (2i, 2i + 1 pair up), per head: row h·d + 2i ← h·d + i and h·d + 2i + 1 ← h·d + d/2 + i."""
+    if heads == 0:
+        return weight
+    shape = weight.shape
+    return weight.reshape(heads, 2, shape[0] // heads // 2, *shape[1:]).swapaxes(1, 2).reshape(shape)
+
+
+def gguf_tensors(model: nn.Module, plan: GgufPlan) -> dict[str, torch.Tensor]:
+    """{GGUF tensor name: tensor} in llama.cpp's names (`blk.{i}.attn_q.weight`, ...), q/k rows interleaved."""
+    layers, base = _decoder_layers(unwrap_model(model))
+    out = {"token_embd.weight": base.embed_tokens.weight, "output_norm.weight": base.norm.weight}
+    if not plan.tied:
+        out["output.weight"] = model.get_output_embeddings().weight
+    for i, layer in enumerate(layers):
+        attn, mlp = layer.self_attn, layer.mlp
+        if plan.heads[i] > 0:
+            out[f"blk.{i}.attn_norm.weight"] = layer.input_layernorm.weight
+            for short, proj, heads in (("q", attn.q_proj, plan.heads[i]), ("k", attn.k_proj, plan.kv_heads[i]),
+                                       ("v", attn.v_proj, 0)):
+                out[f"blk.{i}.attn_{short}.weight"] = rope_interleave(proj.weight, heads)
+                if proj.bias is not None:
+                    out[f"blk.{i}.attn_{short}.bias"] = rope_interleave(proj.bias, heads)
+            out[f"blk.{i}.attn_output.weight"] = attn.o_proj.weight
+            if attn.o_proj.bias is not None:
+                out[f"blk.{i}.attn_output.bias"] = attn.o_proj.bias
+        out[f"blk.{i}.ffn_norm.weight"] = layer.post_attention_layernorm.weight
+        for short, proj in (("gate", mlp.gate_proj), ("up", mlp.up_proj), ("down", mlp.down_proj)):
+            out[f"blk.{i}.ffn_{short}.weight"] = proj.weight
+            if proj.bias is not None:
+                out[f"blk.{i}.ffn_{short}.bias"] = proj.bias
+    return out
+
+
+@torch.no_grad()
+def write_gguf(model: nn.Module, path: str | Path, gguf_type: str = "f32", tokenizer_dir: str | Path | None = None
+               ) -> dict:
+    """Write `model` as a GGUF file of llama.cpp's `deci` architecture; returns {"plan", "tokenizer"}.
+
+    Args:
+        model: a (shrunk) Llama, Mistral or Qwen2 causal LM.
+        path: the `.gguf` file to write.
+        gguf_type: "f32" or "f16" (matrices in f16; norms and biases stay f32).
+        tokenizer_dir: a model directory whose byte-level BPE `tokenizer.json` is written (None: no tokenizer).
+    """
+    import gguf
+
+    from prunetrain.export.gguf_vocab import write_vocab
+
+    model = unwrap_model(model)
+    plan = gguf_plan(model)
+    config = model.config
+    vocab_size = base_vocab = model.get_input_embeddings().weight.shape[0]
+    writer = gguf.GGUFWriter(str(path), arch=ARCH)
+    writer.add_name(str(getattr(config, "_name_or_path", "") or "prunetrain export"))
+    writer.add_context_length(plan.context_length)
+    writer.add_embedding_length(int(config.hidden_size))
+    writer.add_block_count(len(plan.heads))
+    writer.add_feed_forward_length(int(config.intermediate_size))
+    writer.add_head_count(list(plan.heads))
+    writer.add_head_count_kv(list(plan.kv_heads))
+    writer.add_key_length(plan.head_dim)
+    writer.add_value_length(plan.head_dim)
+    writer.add_rope_dimension_count(plan.head_dim)
+    writer.add_rope_freq_base(plan.rope_theta)
+    writer.add_layer_norm_rms_eps(plan.rms_norm_eps)
+    writer.add_file_type(FILE_TYPE[gguf_type])
+    tokenizer = write_vocab(writer, tokenizer_dir, config, base_vocab)
+    for name, tensor in gguf_tensors(model, plan).items():
+        array = tensor.detach().float().cpu().numpy()
+        if gguf_type == "f16" and array.ndim == 2:
+            array = array.astype(np.float16)
+        writer.add_tensor(name, np.ascontiguousarray(array))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return {"plan": plan, "tokenizer": tokenizer, "vocab_size": vocab_size}
+
+
+def probe_tokens(model: nn.Module, length: int = 24, seed: int = 0) -> list[int]:
+    """A reproducible token sequence for the check (ids from 3 up, below the vocabulary size)."""
+    vocab = model.get_input_embeddings().weight.shape[0]
+    gen = torch.Generator().manual_seed(seed)
+    return torch.randint(3, max(vocab, 4), (length,), generator=gen).tolist()
+
+
+@torch.no_grad()
+def model_logits(model: nn.Module, tokens: list[int]) -> np.ndarray:
+    """The model's `[len(tokens), vocab]` logits in f32 (one sequence, no padding)."""
+    model = unwrap_model(model).eval()
+    ids = torch.tensor([tokens], device=next(model.parameters()).device)
+    return model(input_ids=ids, use_cache=False).logits[0].float().cpu().numpy()
+
+
+def check_gguf(model: nn.Module, path: str | Path, gguf_type: str, threads: int = 1) -> float:
+    """max |llama.cpp − model| / max |logit| on a probe sequence, run in llama.cpp; `ValueError` above
+    `TOLERANCE[gguf_type]`."""
+    from prunetrain.export.llama_cpp import open_model, prompt_logits
+
+    tokens = probe_tokens(model)
+    want = model_logits(model, tokens)
+    llm = open_model(path, n_ctx=max(64, len(tokens)), threads=threads)
+    try:
+        got = prompt_logits(llm, tokens)
+    finally:
+        llm.close()
+    if got.shape != want.shape:
+        raise _refuse(f"export gives logits of shape {got.shape} in llama.cpp, the model {want.shape}; it is not "
+                      f"written.")
+    diff = float(np.abs(got - want).max() / max(float(np.abs(want).max()), 1e-12))
+    if not diff <= TOLERANCE[gguf_type]:
+        raise _refuse(f"export ({gguf_type}) differs from the model in llama.cpp (max |Δ| {diff:.3g} of the largest "
+                      f"logit > {TOLERANCE[gguf_type]:g} on a probe); it is not written.")
+    return diff
+
+
+def export_gguf(model: nn.Module, out: Path, gguf_type: str = "f32", tokenizer_dir: str | Path | None = None
+                ) -> float:
+    """Write `out/model.gguf` and check it in llama.cpp; returns the relative max |Δ| of the logits."""
+    from prunetrain.export.llama_cpp import llama_cpp_missing
+
+    missing = llama_cpp_missing()
+    if missing is not None:
+        raise _refuse(f"export is checked in llama.cpp: {missing}")
+    gguf_plan(model)  # refuse before anything is written
+    out.mkdir(parents=True, exist_ok=True)
+    write_gguf(model, out / FILE_NAME, gguf_type, tokenizer_dir)
+    return check_gguf(model, out / FILE_NAME, gguf_type)
+
+
+def gguf_reason(model: nn.Module, tokenizer_dir: str | Path | None = None) -> str | None:
+    """None when `model` (with the tokenizer of `tokenizer_dir`) can be written as GGUF, else one sentence why not
+    (for `check_formats`)."""
+    from prunetrain.export.gguf_vocab import find_tokenizer, has_other_tokenizer, read_bpe_vocab
+    from prunetrain.export.llama_cpp import llama_cpp_missing
+
+    try:
+        gguf_plan(model)
+        path = find_tokenizer(tokenizer_dir)
+        if path is not None:
+            read_bpe_vocab(path, unwrap_model(model).get_input_embeddings().weight.shape[0])
+        elif has_other_tokenizer(tokenizer_dir):
+            return (f"its tokenizer ({has_other_tokenizer(tokenizer_dir)}) is not a byte-level BPE tokenizer.json, "
+                    f"the kind GGUF export writes.")
+    except ValueError as err:
+        return str(err).removeprefix("format: ").removeprefix("tokenizer: ")
+    return llama_cpp_missing()
