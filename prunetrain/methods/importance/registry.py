@@ -1,0 +1,129 @@
+"""The scorer protocol (`scorer(model, batches) -> HeadScores`), one configurable scorer class per method, and the
+registry that builds them by name (`get_scorer`, `register_scorer`)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable, Iterable, Mapping, Protocol, runtime_checkable
+
+import torch
+from torch import nn
+
+from prunetrain.methods.importance.gradient import NORMALIZE, PER, REDUCTION, head_importance
+from prunetrain.methods.importance.loop import LossFn
+from prunetrain.methods.importance.scorers import ablation_scores, confidence_scores, random_scores
+from prunetrain.methods.importance.scores import HeadScores
+from prunetrain.utils.validate import check_choice
+
+
+@runtime_checkable
+class Scorer(Protocol):
+    """Anything that scores heads: `scorer(model, batches) -> HeadScores` (low score = prune first)."""
+
+    def __call__(self, model: nn.Module, batches: Iterable[Mapping[str, Any]]) -> HeadScores: ...
+
+
+@dataclass
+class GradientScorer:
+    """Michel et al. (2019) I_h = E_x |∂L(x)/∂ξ_h| (`head_importance`). Cost: 1 forward + 1 backward per batch."""
+
+    loss_fn: LossFn | None = None
+    per: str = "batch"
+    normalize: str | None = "layer"
+    reduction: str = "mean"
+    autocast: torch.dtype | None = None
+    max_batches: int | None = None
+    sync: bool | None = None
+
+    def __post_init__(self) -> None:
+        check_choice("per", self.per, PER)
+        check_choice("normalize", self.normalize, NORMALIZE)
+        check_choice("reduction", self.reduction, REDUCTION)
+
+    def __call__(self, model, batches) -> HeadScores:
+        return head_importance(model, batches, loss_fn=self.loss_fn, per=self.per, normalize=self.normalize,
+                               reduction=self.reduction, autocast=self.autocast, max_batches=self.max_batches,
+                               sync=self.sync)
+
+
+@dataclass
+class AblationScorer:
+    """Loss change when each head alone is removed (`ablation_scores`). Cost: 1 + H forward passes per batch."""
+
+    loss_fn: LossFn | None = None
+    autocast: torch.dtype | None = None
+    max_batches: int | None = None
+    sync: bool | None = None
+
+    def __call__(self, model, batches) -> HeadScores:
+        return ablation_scores(model, batches, loss_fn=self.loss_fn, autocast=self.autocast,
+                               max_batches=self.max_batches, sync=self.sync)
+
+
+@dataclass
+class ConfidenceScorer:
+    """Voita et al. (2019) mean maximum attention weight (`confidence_scores`). Cost: 1 forward per batch (eager)."""
+
+    autocast: torch.dtype | None = None
+    max_batches: int | None = None
+    sync: bool | None = None
+
+    def __call__(self, model, batches) -> HeadScores:
+        return confidence_scores(model, batches, autocast=self.autocast, max_batches=self.max_batches, sync=self.sync)
+
+
+@dataclass
+class RandomScorer:
+    """Seeded uniform scores (`random_scores`): the baseline. Ignores the batches; no forward pass."""
+
+    seed: int = 0
+
+    def __call__(self, model, batches=None) -> HeadScores:
+        return random_scores(model, seed=self.seed)
+
+
+SCORERS: dict[str, Callable[..., Scorer]] = {
+    "gradient": GradientScorer,
+    "ablation": AblationScorer,
+    "confidence": ConfidenceScorer,
+    "random": RandomScorer,
+}
+"""Scorer factories by name; `get_scorer(name, **options)` builds one. Add your own with `register_scorer`."""
+
+
+def register_scorer(name: str, factory: Callable[..., Scorer]) -> None:
+    """Make `get_scorer(name, **options)` return `factory(**options)`.
+
+    Args:
+        name: the registry name.
+        factory: `factory(**options) -> Scorer` (a callable `scorer(model, batches) -> HeadScores`).
+    """
+    if not isinstance(name, str) or not name:
+        raise ValueError(f"name: expected a non-empty string, got {name!r}.")
+    SCORERS[name] = factory
+
+
+def get_scorer(name: str | Scorer, **options) -> Scorer:
+    """A scorer by registry name (`gradient`, `ablation`, `confidence`, `random`, or registered), built with
+    `options`; a callable scorer is returned as is (options must then be empty).
+
+    Args:
+        name: a registry name or a callable `scorer(model, batches) -> HeadScores`.
+        **options: keyword options of the scorer (e.g. `per="example"` for "gradient").
+    """
+    if callable(name) and not isinstance(name, str):
+        if options:
+            raise ValueError(f"options: {', '.join(options)} can only be given with a scorer name, not with a "
+                             f"scorer object.")
+        return name
+    if name not in SCORERS:
+        raise ValueError(f"scorer: {name!r} is not one of {', '.join(map(repr, SCORERS))} (or a callable "
+                         f"scorer(model, batches) -> HeadScores).")
+    try:
+        return SCORERS[name](**options)
+    except TypeError as err:
+        raise ValueError(f"options for scorer {name!r}: {err}") from None
+
+
+__all__ = ["AblationScorer", "ConfidenceScorer", "GradientScorer", "RandomScorer", "SCORERS", "Scorer", "get_scorer",
+           "register_scorer"]
