@@ -1,7 +1,9 @@
-"""The package layout: imports point one way (application → training → methods → engine; utils lowest).
+"""The package layout: imports point one way (application → training → methods → engine; utils lowest), no module,
+function or constructor is a giant, and the modules that were split keep their former import paths.
 
 Every module under prunetrain/ is parsed with `ast` (imports inside functions count too, since a lazy import is still
-a dependency), and each import of a prunetrain module is checked against the rules below.
+a dependency), and each import of a prunetrain module is checked against the rules below; the same parse measures
+modules (≤ 600 lines), functions (≤ 80 lines) and public constructors (≤ 10 parameters), reporting every offender.
 """
 
 from __future__ import annotations
@@ -87,3 +89,213 @@ def test_the_layout_has_the_documented_folders():
 def test_imports_point_one_way(path):
     found = violations(path.read_text(encoding="utf-8"), module_name(path), path.name == "__init__.py")
     assert not found, "; ".join(found)
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# sizes: every module a room you can read in one sitting (issue 29)
+# ---------------------------------------------------------------------------------------------------------------------
+MAX_MODULE_LINES = 600
+MAX_FUNCTION_LINES = 80  # from the `def` line to the last line of the body (decorators not counted)
+MAX_CONSTRUCTOR_PARAMETERS = 10  # an explicit `__init__` (self not counted) or a dataclass's fields
+
+EXEMPT: dict[str, str] = {
+    # "path/under/prunetrain.py" or "path/under/prunetrain.py::Qualified.name" -> why it may be larger: only
+    # generated tables and data belong here, each with a one-line reason.
+}
+
+STILL_OVER: dict[str, str] = {
+    # files over a limit while their owners work on them (checked by test_files_still_over_the_limits, an xfail);
+    # the lead removes each entry as it gets under, and that test with the last one
+    "bench/config.py": "issue 29 part 2: BenchConfig has 18 fields (options to group like the callbacks')",
+    "export/onnx_beam.py": "issue 28: BeamSettings has 11 fields",
+    "mt/l0_sweep.py": "being edited (not issue 29's): run_gate_sweep is 82 lines",
+    "mt/recipe.py": "lead (issue 26) / issue 25: TrainConfig has 15 fields, PruningConfig 26",
+    "mt/runner.py": "lead (issue 26): run_recipe is 86 lines",
+    "training/hard_concrete.py": "issue 24 / issue 29 part 2: HardConcreteCallback.__init__ takes 12 parameters",
+    "training/head_pruning.py": "issue 27 / issue 29 part 2: HeadPruningCallback.__init__ takes 18 parameters",
+    "training/pruning_curve.py": "issue 29 part 2: PruningCurveCallback.__init__ takes 19 parameters",
+}
+
+
+def long_module(source: str, limit: int = MAX_MODULE_LINES) -> list[tuple[str, str]]:
+    """[("", what is over)] when the module has more than `limit` lines."""
+    lines = len(source.splitlines())
+    return [("", f"{lines} lines (limit {limit})")] if lines > limit else []
+
+
+def _definitions(tree: ast.AST, prefix: str = ""):
+    """(qualified name, node) of every function and class, nested ones included, in source order."""
+    for node in ast.iter_child_nodes(tree):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            yield prefix + node.name, node
+            yield from _definitions(node, prefix + node.name + ".")
+        else:
+            yield from _definitions(node, prefix)
+
+
+def long_functions(source: str, limit: int = MAX_FUNCTION_LINES) -> list[tuple[str, str]]:
+    """(qualified name, what is over) of every function, method or nested function longer than `limit` lines."""
+    found = []
+    for name, node in _definitions(ast.parse(source)):
+        lines = node.end_lineno - node.lineno + 1
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and lines > limit:
+            found.append((name, f"line {node.lineno} {name}: {lines} lines (limit {limit})"))
+    return found
+
+
+def _is_dataclass(node: ast.ClassDef) -> bool:
+    def name(decorator):
+        target = decorator.func if isinstance(decorator, ast.Call) else decorator
+        return target.attr if isinstance(target, ast.Attribute) else getattr(target, "id", None)
+
+    return any(name(d) == "dataclass" for d in node.decorator_list)
+
+
+def _dataclass_fields(node: ast.ClassDef) -> list[str]:
+    """The constructor's fields: annotated class attributes, less ClassVars and `field(init=False)`."""
+    out = []
+    for item in node.body:
+        if not isinstance(item, ast.AnnAssign) or not isinstance(item.target, ast.Name):
+            continue
+        if "ClassVar" in ast.unparse(item.annotation):
+            continue
+        value = item.value
+        if isinstance(value, ast.Call) and any(k.arg == "init" and isinstance(k.value, ast.Constant)
+                                               and k.value.value is False for k in value.keywords):
+            continue
+        out.append(item.target.id)
+    return out
+
+
+def wide_constructors(source: str, limit: int = MAX_CONSTRUCTOR_PARAMETERS) -> list[tuple[str, str]]:
+    """(qualified name, what is over) of the public classes (no leading underscore anywhere in the qualified name) whose constructor takes more than
+    `limit` parameters; a dataclass counts the fields of its dataclass bases in the same module."""
+    found, fields_of = [], {}
+    for name, node in _definitions(ast.parse(source)):
+        if not isinstance(node, ast.ClassDef):
+            continue
+        init = next((item for item in node.body if isinstance(item, ast.FunctionDef) and item.name == "__init__"),
+                    None)
+        if init is not None:
+            a = init.args
+            count = len(a.posonlyargs) + len(a.args) - 1 + len(a.kwonlyargs) + bool(a.vararg) + bool(a.kwarg)
+            what = "__init__ takes"
+        elif _is_dataclass(node):
+            inherited = [f for base in node.bases if isinstance(base, ast.Name) for f in fields_of.get(base.id, [])]
+            fields_of[node.name] = list(dict.fromkeys(inherited + _dataclass_fields(node)))
+            count, what = len(fields_of[node.name]), "has"
+        else:
+            continue
+        public = not any(part.startswith("_") for part in name.split("."))
+        if public and count > limit:
+            unit = "parameters" if init is not None else "fields"
+            found.append((name, f"line {node.lineno} {name} {what} {count} {unit} (limit {limit})"))
+    return found
+
+
+SIZE_CHECKS = {"module length": long_module, "function length": long_functions,
+               "constructor width": wide_constructors}
+
+
+def offenders(check: str) -> dict[str, list[str]]:
+    """file (relative to prunetrain/) -> what is over the limit, for every module and one check; exemptions out."""
+    out = {}
+    for path in all_modules():
+        relative = str(path.relative_to(PACKAGE))
+        if relative in EXEMPT:
+            continue
+        found = [what for name, what in SIZE_CHECKS[check](path.read_text(encoding="utf-8"))
+                 if f"{relative}::{name}" not in EXEMPT]
+        if found:
+            out[relative] = found
+    return out
+
+
+def _report(found: dict[str, list[str]]) -> str:
+    return "\n".join(f"prunetrain/{path}: {item}" for path, items in sorted(found.items()) for item in items)
+
+
+def test_the_size_checkers_find_what_they_forbid():
+    assert long_module("x = 1\n" * 601) == [("", "601 lines (limit 600)")] and long_module("x = 1\n" * 600) == []
+    source = ("def short():\n" + "    x = 1\n" * 79 + "class A:\n    def long(self):\n" + "        x = 1\n" * 80
+              + "    def outer(self):\n        def inner():\n" + "            x = 1\n" * 80)
+    assert [what for _, what in long_functions(source)] == [
+        "line 82 A.long: 81 lines (limit 80)", "line 163 A.outer: 82 lines (limit 80)",
+        "line 164 A.outer.inner: 81 lines (limit 80)"]
+    params = ", ".join(f"p{i}" for i in range(10))
+    wide = (f"class Ok:\n    def __init__(self, {params}):\n        pass\n"
+            f"class Wide:\n    def __init__(self, {params}, *, extra=None):\n        pass\n"
+            f"class _Private:\n    def __init__(self, {params}, extra):\n        pass\n"
+            "@dataclass(frozen=True)\nclass Base:\n" + "".join(f"    f{i}: int = 0\n" for i in range(6)) +
+            "@dataclass\nclass Options(Base):\n" + "".join(f"    g{i}: int = 0\n" for i in range(4)) +
+            "    seen: ClassVar[int] = 0\n    cache: dict = field(init=False, default_factory=dict)\n"
+            "@dataclasses.dataclass\nclass More(Options):\n    h: int = 0\n")
+    assert wide_constructors(wide) == [("Wide", "line 4 Wide __init__ takes 11 parameters (limit 10)"),
+                                       ("More", "line 27 More has 11 fields (limit 10)")]
+
+
+@pytest.mark.parametrize("check", list(SIZE_CHECKS))
+def test_no_module_function_or_constructor_over_the_limits(check):
+    """Every module ≤ 600 lines, every function ≤ 80 lines, every public constructor ≤ 10 parameters — except
+    the files in STILL_OVER (checked below) and the EXEMPT tables and data."""
+    found = {path: items for path, items in offenders(check).items() if path not in STILL_OVER}
+    assert not found, f"over the {check} limit:\n" + _report(found)
+
+
+@pytest.mark.xfail(strict=False, reason="files still over the limits while their owners work on them: "
+                                        + ", ".join(sorted(STILL_OVER)))
+@pytest.mark.parametrize("check", list(SIZE_CHECKS))
+def test_files_still_over_the_limits(check):
+    """`pytest --runxfail tests/test_layout.py -k still_over` lists what is still over."""
+    found = {path: items for path, items in offenders(check).items() if path in STILL_OVER}
+    assert not found, f"over the {check} limit:\n" + _report(found)
+
+
+def test_exemptions_name_what_exists():
+    for name, reason in EXEMPT.items():
+        path = PACKAGE / name.split("::")[0]
+        assert path.is_file() and reason.strip(), f"EXEMPT names {name!r}, which is not a module of prunetrain"
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# the import paths of the modules that were split (issue 29) keep every public name
+# ---------------------------------------------------------------------------------------------------------------------
+FORMER_MODULES = {
+    "prunetrain.methods.studies": [
+        "AfterUnit", "Journal", "KIND_COLORS", "Metric", "PAPER_SPEEDUP_AT_HALF", "PairedTest", "ablate_each_head",
+        "ablation_table", "cross_dataset", "defined", "keep_one_head_per_layer", "pearson", "per_kind_curves",
+        "pruning_curves_study", "spearman", "speed_study", "within", "write_cross_dataset_outputs"],
+    "prunetrain.methods.importance": [
+        "AblationScorer", "ConfidenceScorer", "GradientScorer", "HeadScores", "LossFn", "NORMALIZE", "NORMALIZE_EPS",
+        "PER", "REDUCTION", "RandomScorer", "SCORERS", "Scorer", "ablation_scores", "batch_to", "confidence_scores",
+        "get_scorer", "head_importance", "is_causal_lm", "loss_token_count", "random_scores", "register_scorer",
+        "scoring_mode"],
+    "prunetrain.bench.runner": [
+        "Alternation", "BenchConfig", "BenchResult", "DTYPES", "GENERATE_MODES", "JSON_FORMAT", "MATMUL_OPS", "ORDERS",
+        "alternate", "benchmark", "breakdown_table", "compare_times", "format_table", "load_model", "make_inputs",
+        "op_breakdown", "peak_memory", "run_bench", "summarize"],
+    "prunetrain.interop.fairseq": [
+        "ACTIVATIONS", "EMPTY_FAIRSEQ", "FAIRSEQ_MODEL_TYPE", "FSMTAdapter", "FairseqAdapter", "FairseqCheckpoint",
+        "FairseqDictionary", "FairseqHeadConfig", "FairseqTransformer", "IMPORT_FILE", "PrunableFSMTAttention",
+        "SAFE_CHECKPOINT_GLOBALS", "SPECIAL_SYMBOLS", "SUPPORTED_ARCHS", "TARGET_TOKENIZER_DIR", "convert_fairseq",
+        "dictionary_tokenizer", "fairseq_importance", "fairseq_loss", "fsmt_config_from_fairseq",
+        "hf_batch_from_fairseq", "import_fairseq", "load_fairseq_checkpoint", "load_fairseq_tokenizers", "translate",
+        "wrap_fairseq", "EmptyFairseqAttention"],
+}
+
+
+@pytest.mark.parametrize("module", list(FORMER_MODULES))
+def test_split_modules_keep_their_former_names(module):
+    import importlib
+
+    imported = importlib.import_module(module)
+    missing = [name for name in FORMER_MODULES[module] if not hasattr(imported, name)]
+    assert not missing, f"{module} lost {', '.join(missing)}"
+    assert set(imported.__all__) <= set(FORMER_MODULES[module]), f"{module}.__all__ names a name it did not have"
+
+
+def test_every_top_level_name_resolves():
+    import prunetrain
+
+    missing = [name for name in prunetrain.__all__ if not hasattr(prunetrain, name)]
+    assert not missing, f"prunetrain.__all__ names {missing}, which do not resolve (the lazy table is stale)"
