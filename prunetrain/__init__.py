@@ -5,7 +5,8 @@ Head engine:
     HeadMask                              keep value ξ_h per head, applied by hooks on the output projections
     shrink(model, mask, optimizer=None)   physically remove masked heads in place (optimizer state sliced)
     save_pruned / load_pruned             HF files + per-site head layout, no pickles
-Michel et al. (2019):  head_importance, HeadScores, select_heads, iterative_prune, pruning_curve
+Michel et al. (2019):  head_importance, HeadScores, select_heads, iterative_prune, pruning_curve (Ranking,
+                       HeadScope)
 Voita et al. (2019):   HardConcreteGates
 Trainer callbacks:     HeadPruningCallback, PruningCurveCallback, HardConcreteCallback, MetricPointsCallback
 """
@@ -29,6 +30,7 @@ _LAZY = {
     "RandomScorer": "prunetrain.methods.importance", "PruneResult": "prunetrain.methods.selection", "PruneStep": "prunetrain.methods.selection",
     "select_heads": "prunetrain.methods.selection", "iterative_prune": "prunetrain.methods.selection",
     "pruning_curve": "prunetrain.methods.curve", "Curve": "prunetrain.methods.curve",
+    "Ranking": "prunetrain.methods.curve", "HeadScope": "prunetrain.methods.curve",
     # gates
     "HardConcreteGates": "prunetrain.methods.gates",
     # callbacks (import transformers' Trainer machinery only when asked for)
