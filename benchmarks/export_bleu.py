@@ -3,11 +3,15 @@
 For the model the main recipe saves (`checkpoints/wmt-small-deen/pruned`): the model as prunetrain loads it, then each
 format `prunetrain export --check` allows, loaded the way a user without prunetrain would load it —
 `AutoModelForSeq2SeqLM.from_pretrained(dir, trust_remote_code=True)` (remote-code), plain `from_pretrained`
-(uniform, padded), ONNX Runtime greedy decoding with the KV-cache graph (onnx) — and decoded on the same test
-sentences. Beam 4 and greedy for the PyTorch formats, greedy for ONNX; the table gives BLEU, the number of
-hypotheses identical to prunetrain's own decode, and sentences per second (one pass; not an A/B timing).
+(uniform, padded), ONNX Runtime with the KV-cache graph (onnx: `prunetrain.mt.translation.translate_onnx`, beam
+search by `prunetrain.export.onnx_beam`) — and decoded on the same test sentences. Beam 4 and greedy for every
+format; the table gives BLEU, the number of hypotheses identical to prunetrain's own decode with the same beams, and
+sentences per second (one pass, same threads; ORT vs PyTorch speed at beam 4 is the ratio of the onnx and prunetrain
+rows).
 
     python benchmarks/export_bleu.py checkpoints/wmt-small-deen/pruned --data-dir ../shared/data/multi30k
+    python benchmarks/export_bleu.py checkpoints/wmt-small-deen-full/pruned --data-dir ../shared/data/multi30k \
+        --out benchmarks/results/export_bleu_full.json                 # the full (unpruned) model
     python benchmarks/export_bleu.py DIR --data-dir ... --limit 50       # a quick check
 """
 
@@ -79,10 +83,13 @@ def main() -> None:
             out = Path(tmp) / fmt
             export(args.model, out, fmt)
             if fmt == "onnx":
-                score(fmt, "onnxruntime (greedy, KV cache)", 1, lambda: translate_onnx(
-                    out, tokenizer, sources, batch_size=args.batch_size,
-                    decoder_start_token_id=config.decoder_start_token_id, eos_token_id=config.eos_token_id,
-                    max_position_embeddings=config.max_position_embeddings, threads=args.threads))
+                for beams in (4, 1):
+                    how = f"onnxruntime ({'beam search' if beams > 1 else 'greedy'}, KV cache)"
+                    score(fmt, how, beams, lambda: translate_onnx(
+                        out, tokenizer, sources, batch_size=args.batch_size,
+                        decoder_start_token_id=config.decoder_start_token_id, eos_token_id=config.eos_token_id,
+                        max_position_embeddings=config.max_position_embeddings, threads=args.threads,
+                        num_beams=beams))
                 continue
             remote = fmt == "remote-code"
             model = AutoModelForSeq2SeqLM.from_pretrained(out, trust_remote_code=remote).eval()

@@ -62,13 +62,18 @@ class _Decoder(nn.Module):
 class _DecoderWithPast(nn.Module):
     """(input_ids, attention_mask, past k/v per layer) → (logits, present k/v per layer). The past may be empty
     (length 0): one graph for the prompt and every generated token. Each layer's cache holds that layer's number of
-    key/value heads (0 at a head-less site, whose cache layer counts positions from the position axis)."""
+    key/value heads (0 at a head-less site, whose cache layer counts positions from the position axis). Positions
+    are those `generate` gives (cumsum of the attention mask − 1, 0 at padding), so a left-padded prompt generates
+    as in PyTorch also for models with absolute positions (GPT-2)."""
 
     def __init__(self, model: nn.Module):
         super().__init__()
+        import inspect
+
         from prunetrain.engine.heads import attention_sites
 
         self.model = model
+        self.takes_positions = "position_ids" in inspect.signature(model.forward).parameters
         self.headless = [getattr(s.module, "layer_idx", i) for i, s in enumerate(attention_sites(model))
                          if s.info.num_heads == 0]
 
@@ -82,7 +87,12 @@ class _DecoderWithPast(nn.Module):
             cache.update(past[2 * i], past[2 * i + 1], i)
         for i in self.headless:
             cache.layers[i].__class__ = headless_layer_class()
-        out = self.model(input_ids=input_ids, attention_mask=attention_mask, past_key_values=cache, use_cache=True)
+        extra = {}
+        if self.takes_positions:  # as GenerationMixin._prepare_position_ids_for_generation
+            positions = (attention_mask.long().cumsum(-1) - 1).masked_fill(attention_mask == 0, 0)
+            extra["position_ids"] = positions[:, attention_mask.shape[1] - input_ids.shape[1]:]
+        out = self.model(input_ids=input_ids, attention_mask=attention_mask, past_key_values=cache, use_cache=True,
+                         **extra)
         present = []
         for layer in out.past_key_values.layers:
             present += [layer.keys, layer.values]

@@ -155,11 +155,12 @@ def translate(model: nn.Module, tokenizer, sources: Sequence[str], *, batch_size
 
 def translate_onnx(directory: str | os.PathLike, tokenizer, sources: Sequence[str], *, batch_size: int = 64,
                    decoder_start_token_id: int, eos_token_id: int, max_position_embeddings: int | None = None,
-                   threads: int = 1, suppress_pad: bool = True) -> list[str]:
-    """Greedy translation with ONNX Runtime from an `--format onnx` export (`prunetrain.export.onnx.OrtGenerator`),
-    sentence for sentence what `translate(..., num_beams=1)` does with the PyTorch model: the same length-sorted
-    batches, the same per-sentence bound ceil(1.5 · source tokens) + 10, output cut at the first EOS, the pad token
-    never generated.
+                   threads: int = 1, suppress_pad: bool = True, num_beams: int = 1) -> list[str]:
+    """Translation with ONNX Runtime from an `--format onnx` export (`prunetrain.export.onnx.OrtGenerator`),
+    sentence for sentence what `translate(..., num_beams=num_beams)` does with the PyTorch model: the same
+    length-sorted batches, the same per-sentence bound ceil(1.5 · source tokens) + 10 (greedy: output cut at the first
+    EOS; beam search: `prunetrain.export.onnx_beam`, transformers' beam search with the export's generation config,
+    bound = the batch's largest), the pad token never generated.
 
     Args:
         directory: the ONNX export (encoder_model.onnx + decoder_with_past_model.onnx).
@@ -169,8 +170,10 @@ def translate_onnx(directory: str | os.PathLike, tokenizer, sources: Sequence[st
         decoder_start_token_id, eos_token_id, max_position_embeddings: from the model's config.
         threads: ONNX Runtime intra-op threads.
         suppress_pad: never generate the pad token (as `translate`).
+        num_beams: 1 (greedy) or the beams of beam search.
     """
     from prunetrain.export.onnx import OrtGenerator
+    from prunetrain.export.onnx_beam import beam_generate
 
     sources = list(sources)
     if not sources:
@@ -180,6 +183,12 @@ def translate_onnx(directory: str | os.PathLike, tokenizer, sources: Sequence[st
     suppress = [tokenizer.pad_token_id] if suppress_pad else []
     outputs: list[str | None] = [None] * len(sources)
     for rows, batch, row_caps in _sorted_batches(tokenizer, encoded, batch_size, max_position_embeddings, None):
+        if num_beams > 1:  # as translate: one bound per batch, hypotheses as generate returns them
+            generated = beam_generate(directory, batch["input_ids"], batch["attention_mask"], max(row_caps),
+                                      num_beams=num_beams, generator=generator, suppress_tokens=suppress,
+                                      decoder_start_token_id=decoder_start_token_id)
+            _decode_rows(tokenizer, outputs, rows, [row.tolist() for row in generated[:, 1:]])
+            continue
         generated = generator.greedy(batch["input_ids"], batch["attention_mask"], max(row_caps),
                                      decoder_start_token_id, suppress_tokens=suppress)[:, 1:]
         pieces = []
