@@ -1,8 +1,9 @@
 """The uniform export: a standard config with fewer heads, for layouts where every site keeps the same number.
 
 The config's head-count fields (`num_attention_heads`, `num_key_value_heads`, ... whichever the config has) are set
-to the sites' common counts and its head-dimension field to the heads' size, so plain `from_pretrained` builds
-exactly the shrunk shapes. Families whose config derives the head size from the hidden size (BERT, Marian, GPT-2:
+to the sites' common counts and its head-dimension field to the heads' size (`head_dim` is written into configs that
+leave it unset, such as Qwen2's, whose model class reads it when present), so plain `from_pretrained` builds exactly
+the shrunk shapes. Families whose config derives the head size from the hidden size (BERT, Marian, GPT-2:
 `head_dim = hidden_size / num_heads`) cannot describe fewer heads of the same size; their refusal names the tensor
 whose shape would differ. Every export is checked against the model on a probe input before it is written.
 """
@@ -52,15 +53,15 @@ def uniform_config(model: nn.Module):
     for name in KV_FIELDS:
         if name in fields and isinstance(fields[name], int):
             setattr(config, name, kv_heads)
-    for name in DIM_FIELDS:
-        if name in fields:
-            setattr(config, name, layout.sites[0].head_dim)
+    dim_fields = [name for name in DIM_FIELDS if fields.get(name) is not None] or ["head_dim"]
+    for name in dim_fields:  # a config without a head size gets `head_dim` (Qwen2's class reads it when set); it
+        setattr(config, name, layout.sites[0].head_dim)  # is kept only if the model built from it has the shapes
     with torch.device("meta"):
         plain = type(model)._from_config(config)
     want = model.state_dict()
     for name, value in plain.state_dict().items():
         if name in want and tuple(want[name].shape) != tuple(value.shape):
-            why = ("" if any(f in fields for f in DIM_FIELDS) else
+            why = ("" if any(fields.get(f) is not None for f in DIM_FIELDS) else
                    f" (its config derives the head size from the hidden size and the head count)")
             raise ValueError(f"format: a standard {config.model_type} config with {heads} heads per site gives "
                              f"{name!r} shape {tuple(value.shape)}, but the pruned model holds "

@@ -44,6 +44,14 @@ class ServingConstraints:
                 raise ValueError(f"{name}: {getattr(self, name)!r} is not allowed; expected True or False.")
 
 
+def check_constraints(constraints, argument: str = "constraints") -> "ServingConstraints | None":
+    """`constraints` must be None or a `ServingConstraints`."""
+    if constraints is not None and not isinstance(constraints, ServingConstraints):
+        raise TypeError(f"{argument}: {constraints!r} is not a ServingConstraints (from "
+                        f"prunetrain.methods.constraints) or None.")
+    return constraints
+
+
 def _unit_scores(scores, site) -> torch.Tensor:
     values = scores[site.name] if scores is not None else torch.zeros(site.num_heads, dtype=torch.float64)
     return values.view(-1, site.group_size).sum(1)

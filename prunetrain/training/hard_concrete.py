@@ -14,6 +14,7 @@ from torch import nn
 from prunetrain.engine.heads import find_heads, unwrap_model
 from prunetrain.engine.mask import HeadMask
 from prunetrain.engine.shrink import shrink
+from prunetrain.methods.constraints import apply_constraints, check_constraints
 from prunetrain.methods.gates import HardConcreteGates, LagrangianBudget, gates_for
 from prunetrain.training.base import PrunetrainCallback, check_callback_kinds, check_model_kinds, when
 from prunetrain.training.distributed import find_ddp, rebuild_ddp, world_size
@@ -58,6 +59,8 @@ class HardConcreteCallback(PrunetrainCallback):
             `prunetrain.training.distributed.gathered_copy`), "none" only records it.
         output_dir: where files go (default `<output_dir>/prunetrain`).
         tensorboard: write TensorBoard scalars and figures.
+        constraints: a `prunetrain.methods.constraints.ServingConstraints` the final mask is made to satisfy (units
+            ranked by log α), e.g. `ServingConstraints(same_heads_per_kind=True)` for a uniform layout; None: none.
     """
 
     name = "hard-concrete"
@@ -65,8 +68,10 @@ class HardConcreteCallback(PrunetrainCallback):
     def __init__(self, lam: float | None = None, *, target_heads: int | float | None = None, kinds=None,
                  freeze: str | Callable[[str], bool] | None = None, gate_lr: float = 0.1,
                  lagrangian_lr: float = 0.05, init_log_alpha: float = 3.0, seed: int = 0, start_step: int = 0,
-                 finalize: str = "mask", output_dir: str | None = None, tensorboard: bool = True):
+                 finalize: str = "mask", output_dir: str | None = None, tensorboard: bool = True,
+                 constraints=None):
         super().__init__(output_dir, tensorboard)
+        self.constraints = check_constraints(constraints)
         if (lam is None) == (target_heads is None):
             raise ValueError(f"lam, target_heads: give exactly one (a penalty weight λ or a head budget), got "
                              f"lam={lam!r}, target_heads={target_heads!r}.")
@@ -253,6 +258,10 @@ class HardConcreteCallback(PrunetrainCallback):
         if self.gates is not None and self.gates.attached:
             budget = None if self.target_count is None else int(round(self.target_count))
             self.final_mask = self.gates.to_mask(keep=budget)
+            if self.constraints is not None:
+                ranks = {s.name: torch.zeros(s.num_heads) for s in self.gates.layout}  # ungated sites: kept whole
+                ranks.update({n: self.gates.site_log_alpha(n).detach().cpu() for n in self.gates.site_names})
+                self.final_mask = apply_constraints(self.final_mask, ranks, self.constraints)
             self.gates.detach()
             net = unwrap_model(model)
             if self.finalize == "mask":

@@ -15,6 +15,7 @@ from prunetrain.engine.heads import HeadLayout, find_heads, unwrap_model
 from prunetrain.engine.mask import HeadMask
 from prunetrain.engine.shrink import shrink
 from prunetrain.methods.importance import HeadScores, get_scorer, random_scores
+from prunetrain.methods.constraints import apply_constraints, check_constraints
 from prunetrain.methods.selection import SCOPES, iterative_prune, select_heads
 from prunetrain.training.base import (check_callback_kinds, check_epochs_fit, check_model_kinds, first_batches,
                                       importance_heatmap, kept_summary, local_share)
@@ -50,6 +51,9 @@ class HeadPruningCallback(ScheduledCallback):
         scope: "global", "layer" or "kind" (see `select_heads`).
         kinds: the attention kinds that may be pruned (default all).
         min_heads_per_layer: heads every site keeps.
+        constraints: a `prunetrain.methods.constraints.ServingConstraints` every selection is made to satisfy (e.g.
+            `ServingConstraints(same_heads_per_kind=True)`: the same heads in every layer of a kind, so the model
+            ends in a layout `prunetrain export --format uniform` can write); None: no constraint.
         batches: the batches importance is computed on (a list or DataLoader; under DDP each rank takes its share).
             Default: the first `num_batches` batches of the Trainer's training dataloader at that moment.
         num_batches: see `batches`.
@@ -69,8 +73,9 @@ class HeadPruningCallback(ScheduledCallback):
                  step: float | int = 0.1, scope: str = "global",
                  kinds=None, min_heads_per_layer: int = 1, batches: Iterable | None = None, num_batches: int = 8,
                  scorer: str | Callable = "gradient", scorer_options: Mapping | None = None, record_end: bool = True,
-                 output_dir: str | None = None, tensorboard: bool = True):
+                 output_dir: str | None = None, tensorboard: bool = True, constraints=None):
         super().__init__(output_dir, tensorboard)
+        self.constraints = check_constraints(constraints)
         selector, epochs = epoch_spec(at_epochs, "at_epochs")
         steps = check_step_points("at_steps", list(at_steps))
         check_choice("mode", mode, MODES)
@@ -280,6 +285,8 @@ class HeadPruningCallback(ScheduledCallback):
             new_mask = result.mask
         else:
             new_mask = select_heads(scores, amount, **options)
+        if self.constraints is not None:  # the amount moves to the nearest layout the constraints allow
+            new_mask = apply_constraints(new_mask, scores, self.constraints)
         total_before = self.mask.num_kept
         if self.mask.attached:
             self.mask.detach()
