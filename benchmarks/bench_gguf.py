@@ -82,33 +82,16 @@ def matmul_flops(model, positions: range) -> int:
     return total + 2 * d * vocab * len(positions)
 
 
-def main() -> None:
-    p = C.parser(__doc__.split("\n")[0], repeats=5)
-    p.add_argument("--prompt", type=int, default=128, help="prompt tokens (pp)")
-    p.add_argument("--new-tokens", type=int, default=64, help="generated tokens (tg)")
-    p.add_argument("--gguf-type", default="f32", choices=["f32", "f16"])
-    args = p.parse_args()
-    machine = C.setup(args)
-    C.quiet_transformers()
-    import llama_cpp
-
+def export_arms(model, arms: dict, directory: Path, gguf_type: str, threads: int, prompt_len: int,
+                new_tokens: int) -> tuple[dict, dict]:
+    """Shrink, export (checked in llama.cpp) and open every arm; returns ({label: Llama}, {label: facts})."""
     from prunetrain.export.formats import export
-    from prunetrain.export.llama_cpp import open_model, time_generation, time_prompt
+    from prunetrain.export.llama_cpp import open_model
 
-    threads = args.threads or torch.get_num_threads()
-    prompt_len, new_tokens = (16, 8) if args.quick else (args.prompt, args.new_tokens)
-    repeats = 2 if args.quick else args.repeats
-    model = llama(args.quick)
-    gen = torch.Generator().manual_seed(0)
-    tokens = torch.randint(3, model.config.vocab_size, (prompt_len + new_tokens,), generator=gen).tolist()
-    prompt, continuation = tokens[:prompt_len], tokens[prompt_len:]
-    keep = tempfile.TemporaryDirectory()
     engines, info = {}, {}
-    arms = QUICK_ARMS if args.quick else ARMS
     for label, fractions in arms.items():
         shrunk = arm(model, fractions)
-        result = export(shrunk, Path(keep.name) / label.replace(" ", "_").replace("%", "pct"), "gguf",
-                        gguf_type=args.gguf_type)
+        result = export(shrunk, directory / label.replace(" ", "_").replace("%", "pct"), "gguf", gguf_type=gguf_type)
         path = Path(result["destination"]) / "model.gguf"
         engines[label] = open_model(path, n_ctx=prompt_len + new_tokens + 8, threads=threads, logits_all=False,
                                     n_batch=max(prompt_len, 8))
@@ -121,7 +104,31 @@ def main() -> None:
         print(f"  exported {label}: {info[label]['heads']} heads {info[label]['heads_per_layer']}, "
               f"{info[label]['parameters'] / 1e6:.1f} M parameters, checked in llama.cpp "
               f"(max rel. diff {result['max_abs_diff']:.1e})", flush=True)
-        del shrunk
+    return engines, info
+
+
+def main() -> None:
+    p = C.parser(__doc__.split("\n")[0], repeats=5)
+    p.add_argument("--prompt", type=int, default=128, help="prompt tokens (pp)")
+    p.add_argument("--new-tokens", type=int, default=64, help="generated tokens (tg)")
+    p.add_argument("--gguf-type", default="f32", choices=["f32", "f16"])
+    args = p.parse_args()
+    machine = C.setup(args)
+    C.quiet_transformers()
+    import llama_cpp
+
+    from prunetrain.export.llama_cpp import time_generation, time_prompt
+
+    threads = args.threads or torch.get_num_threads()
+    prompt_len, new_tokens = (16, 8) if args.quick else (args.prompt, args.new_tokens)
+    repeats = 2 if args.quick else args.repeats
+    model = llama(args.quick)
+    gen = torch.Generator().manual_seed(0)
+    tokens = torch.randint(3, model.config.vocab_size, (prompt_len + new_tokens,), generator=gen).tolist()
+    prompt, continuation = tokens[:prompt_len], tokens[prompt_len:]
+    keep = tempfile.TemporaryDirectory()
+    arms = QUICK_ARMS if args.quick else ARMS
+    engines, info = export_arms(model, arms, Path(keep.name), args.gguf_type, threads, prompt_len, new_tokens)
     times = {label: {"pp": [], "tg": []} for label in arms}
     labels = list(arms)
     for round_ in range(args.warmup + repeats):
