@@ -5,8 +5,8 @@
   trained on the same global batches; a run killed with SIGKILL after a distributed shrink resumes to the same end;
   `HardConcreteCallback(finalize="shrink")` under DDP.
 - FSDP2 (`fully_shard`) in a plain loop (on CPU the Trainer ignores `fsdp` and trains with DDP): masks, importance,
-  pruning curves and Hard-Concrete gates equal to one process, a final shrink + save_pruned from the gathered state,
-  and the refusal of a mid-training shrink.
+  pruning curves and Hard-Concrete gates equal to one process, a final shrink + save_pruned from the gathered state;
+  the shrinking callbacks accept FSDP2 (the mid-training shrink itself: tests/test_fsdp_shrink.py).
 The workers are `tests/dist/ddp_shrink.py` and `tests/dist/fsdp_heads.py`.
 """
 
@@ -132,5 +132,4 @@ def test_fsdp2_masks_importance_gates_curves_and_final_shrink(tmp_path):
     assert r0["curve"] == pytest.approx(r0["curve_single"], abs=1e-5)
     assert r0["log_alpha_moved"] > 1e-3 and r0["log_alpha_max_diff_between_ranks"] == 0.0
     assert 0 < r0["shrunk_heads"] < 16 and r0["shrink_max_diff"] < 1e-5  # saved, loaded, equal to the masked model
-    for name in ("prune-shrink", "gates-shrink"):
-        assert "not supported under fsdp2" in r0["refusals"][name]
+    assert r0["accepted"] == {"prune-shrink": "fsdp2", "gates-shrink": "fsdp2"}

@@ -20,6 +20,7 @@ from torch import nn
 from prunetrain.engine.heads import LAYOUT_CONFIG_KEY, AttentionSite, HeadLayout, attention_sites, find_heads, unwrap_model
 from prunetrain.engine.kv_cache import track_headless_cache
 from prunetrain.engine.mask import HeadMask, attached_masks, stray_mask_hooks
+from prunetrain.engine.sharded import ShardedEditor, fsdp2_modules
 
 GQA_ROUNDING = ("error", "keep", "drop")
 
@@ -58,6 +59,17 @@ class _OptimizerSlicer:
         if grad is not None:
             param.grad = grad.index_select(dim, index).contiguous()
 
+    @staticmethod
+    def scale(param: nn.Parameter, dim: int, factors: torch.Tensor) -> None:
+        """Multiply `param` by `factors` along `dim`, in place (the weights only: a fold of soft keep values)."""
+        shape = [1] * param.dim()
+        shape[dim] = -1
+        with torch.no_grad():
+            param.mul_(factors.to(param).view(shape))
+
+    def flush(self) -> None:
+        """Edits apply at once in one process; nothing is pending."""
+
 
 def _keep_positions(site: AttentionSite, keep: torch.Tensor, gqa_rounding: str) -> torch.Tensor:
     """Positions of the query heads that stay, whole key/value groups at a time under GQA."""
@@ -80,18 +92,15 @@ def _keep_positions(site: AttentionSite, keep: torch.Tensor, gqa_rounding: str) 
     return torch.nonzero(alive).flatten()
 
 
-def _fold_scale(site: AttentionSite, keep: torch.Tensor) -> None:
-    """Multiply each head's output-projection input columns by its keep value ξ_h (exactness for soft masks)."""
-    if bool((keep == 1).all()):
+def _fold_scale(site: AttentionSite, keep: torch.Tensor, positions: torch.Tensor, editor) -> None:
+    """Multiply each head's output-projection input columns by its keep value ξ_h (exactness for soft masks).
+
+    Only kept heads matter (the columns of removed heads go), so a binary mask folds nothing."""
+    if bool((keep[positions] == 1).all()):
         return
-    d = site.info.head_dim
-    per_feature = keep.repeat_interleave(d)  # [H * d]
-    weight = site.out_proj.weight
-    with torch.no_grad():
-        if isinstance(site.out_proj, nn.Linear):  # weight [out, in]
-            weight.mul_(per_feature.to(weight)[None, :])
-        else:  # transformers Conv1D: weight [in, out]
-            weight.mul_(per_feature.to(weight)[:, None])
+    per_feature = keep.repeat_interleave(site.info.head_dim)  # [H * d]
+    # nn.Linear weight [out, in]: the heads are columns (dim 1); transformers Conv1D weight [in, out]: rows (dim 0)
+    editor.scale(site.out_proj.weight, 1 if isinstance(site.out_proj, nn.Linear) else 0, per_feature)
 
 
 def shrink(
@@ -132,6 +141,8 @@ def shrink(
                          f"of a model with a mask attached copies its hooks); shrink the original's mask into it "
                          f"first, or detach masks before copying.")
     select = _OptimizerSlicer(optimizer)
+    if fsdp2_modules(model):  # sharded parameters: gathered, edited and sharded again, site by site
+        select = ShardedEditor(model, select.optimizer, select)
     keeps = {site.info.name: mask[site.info.name].detach().clone() for site in sites}
     _refuse_second_fold(model, keeps)
     plans = [(site, _keep_positions(site, keeps[site.info.name], gqa_rounding)) for site in sites]
@@ -146,12 +157,11 @@ def shrink(
 
     layout_record = dict(getattr(model.config, LAYOUT_CONFIG_KEY, None) or {})
     for site, positions in plans:
-        keep = keeps[site.info.name]
-        _fold_scale(site, keep)
-        if len(positions) == site.info.num_heads:
-            continue
-        site.adapter.remove_heads(site, positions, select)
-        layout_record[site.info.name] = [site.info.heads[i] for i in positions.tolist()]
+        _fold_scale(site, keeps[site.info.name], positions, select)
+        if len(positions) < site.info.num_heads:
+            site.adapter.remove_heads(site, positions, select)
+            layout_record[site.info.name] = [site.info.heads[i] for i in positions.tolist()]
+        select.flush()
     setattr(model.config, LAYOUT_CONFIG_KEY, layout_record)
     track_headless_cache(model)
     if not all(bool((k == 1).all()) for k in keeps.values()):  # an all-ones mask changes nothing, record included

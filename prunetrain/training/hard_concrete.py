@@ -55,8 +55,8 @@ class HardConcreteCallback(PrunetrainCallback):
             (measured: a 36-of-144 budget from step 0 left the wmt-small-deen model at ~1 BLEU).
         finalize: at the end of training the gates become a HeadMask (the deterministic gates log α > 0; with
             `target_heads`, exactly the budgeted number of gated heads with the largest log α): "mask" attaches it to the
-            model, "shrink" removes the heads (also under DDP; under FSDP shrink a gathered copy instead, see
-            `prunetrain.training.distributed.gathered_copy`), "none" only records it.
+            model, "shrink" removes the heads (also under DDP and FSDP2, where every rank removes the same heads:
+            the gate gradients are averaged over ranks), "none" only records it.
         output_dir: where files go (default `<output_dir>/prunetrain`).
         tensorboard: write TensorBoard scalars and figures.
         constraints: a `prunetrain.methods.constraints.ServingConstraints` the final mask is made to satisfy (units
@@ -161,7 +161,7 @@ class HardConcreteCallback(PrunetrainCallback):
     def engine_requirements(self) -> list[tuple[str, tuple[str, ...]]]:
         needs = super().engine_requirements()
         if self.finalize == "shrink":
-            needs.append(("HardConcreteCallback(finalize='shrink')", ("single", "ddp")))
+            needs.append(("HardConcreteCallback(finalize='shrink')", ("single", "ddp", "fsdp2")))
         return needs
 
     def on_train_begin(self, args, state, control, model=None, **kwargs):

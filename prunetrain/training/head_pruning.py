@@ -41,8 +41,8 @@ class HeadPruningCallback(ScheduledCallback):
             fraction (float in [0, 1]) or a count (int) of all heads (`select_heads` convention).
         prune_steps: the same schedule keyed by global step, e.g. {300: 0.25, 900: 0.5}.
         mode: "mask" (zero the heads, keep the weights) or "shrink" (remove them physically with the optimizer
-            state sliced; under DDP every rank shrinks the same heads and DDP's gradient buckets are rebuilt;
-            refused under FSDP, whose flat shards cannot change shape mid-run).
+            state sliced; under DDP every rank shrinks the same heads and DDP's gradient buckets are rebuilt; under
+            FSDP2 each affected parameter and its optimizer state are gathered, sliced and sharded again).
         shrink_steps: with `mode="mask"`, global steps at which the heads masked so far are removed physically
             (optimizer state sliced) and training goes on with the smaller model: masks first, then a shrink. Each
             must be a step of `prune_steps` (the shrink follows that step's pruning).
@@ -159,7 +159,7 @@ class HeadPruningCallback(ScheduledCallback):
     def engine_requirements(self) -> list[tuple[str, tuple[str, ...]]]:
         needs = super().engine_requirements()
         if self.mode == "shrink" or self._shrink_steps:
-            needs.append(("HeadPruningCallback(mode='shrink')", ("single", "ddp")))
+            needs.append(("HeadPruningCallback(mode='shrink')", ("single", "ddp", "fsdp2")))
         return needs
 
     def on_train_begin(self, args, state, control, model=None, train_dataloader=None, **kwargs):
@@ -337,7 +337,8 @@ class HeadPruningCallback(ScheduledCallback):
     @staticmethod
     def _shrink(model, mask: HeadMask, optimizer) -> HeadLayout:
         """Remove the masked heads in place (optimizer state sliced). Under DDP every rank computed the same mask
-        (importance is all-reduced), shrinks the same heads, then rebuilds DDP's gradient buckets."""
+        (importance is all-reduced), shrinks the same heads, then rebuilds DDP's gradient buckets; under FSDP2
+        `shrink` gathers, slices and re-shards each affected parameter and its optimizer state (a collective)."""
         net = unwrap_model(model)
         ddp = find_ddp(net)
         layout = shrink(net, mask, optimizer=optimizer)

@@ -1,0 +1,103 @@
+"""Mid-training shrink under FSDP2 (`fully_shard`), with real torchrun processes (2 ranks, gloo, CPU).
+
+The worker (`tests/dist/fsdp_shrink.py`) trains a tiny Marian on Multi30k for 24 steps; the callbacks are driven
+through transformers' `CallbackHandler` (on CPU the HF Trainer does not shard, see docs/distributed.md):
+
+- `HeadPruningCallback(shrink_steps=[8, 14])`: two shrinks of the sharded model (each affected parameter and its
+  sharded AdamW state gathered, sliced, sharded again), and the same global batches give the same losses and the
+  same final weights as one unsharded process; each rank holds less after each shrink;
+- a run whose rank 0 is killed with SIGKILL after both shrinks resumes from its checkpoint to the same end;
+- `HardConcreteCallback(finalize="shrink")` leaves both ranks with the same shrunk, sharded model.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from test_distributed import DIST, _env, _run, _torchrun
+
+pytestmark = [pytest.mark.distributed, pytest.mark.slow]
+
+WORKER = DIST / "fsdp_shrink.py"
+
+
+def _result(out, rank=0) -> dict:
+    return json.loads((out / f"rank{rank}_result.json").read_text())
+
+
+def _assert_weights_close(a: dict, b: dict, atol: float) -> None:
+    assert a.keys() == b.keys()
+    for key in a:
+        assert a[key].shape == b[key].shape, key
+        if a[key].numel():
+            assert torch.allclose(a[key], b[key], atol=atol, rtol=0), (key, float((a[key] - b[key]).abs().max()))
+
+
+@pytest.fixture(scope="module")
+def fsdp_runs(tmp_path_factory, multi30k_dir):
+    """The same 24-step run with two mid-training shrinks in one process and sharded over two ranks."""
+    base = tmp_path_factory.mktemp("fsdp_shrink")
+    single, sharded = base / "single", base / "fsdp"
+    _run([sys.executable, str(WORKER), "--out", str(single), "--data", str(multi30k_dir)], base)
+    _run(_torchrun(WORKER, "--out", str(sharded), "--data", str(multi30k_dir)), base)
+    return base, single, sharded
+
+
+def test_fsdp2_mid_training_shrinks_equal_one_process(fsdp_runs):
+    _, single, sharded = fsdp_runs
+    one, r0, r1 = _result(single), _result(sharded, 0), _result(sharded, 1)
+    assert r0["world"] == 2 and r0["steps"] == r1["steps"] == one["steps"] == 24
+    assert len(one["losses"]) == 24 and r0["losses"] == r1["losses"]
+    for step, loss in one["losses"].items():  # every step, before, between and after the shrinks
+        assert abs(r0["losses"][step] - loss) <= 1e-5, (step, r0["losses"][step], loss)
+    assert r0["mask"] == r1["mask"] == one["mask"]  # the same heads chosen on every rank, as one process chose
+    assert r0["layout"] == r1["layout"] == one["layout"]
+    assert sum(len(site["heads"]) for site in r0["layout"]["sites"]) == 12  # 24 heads → 15 → 12, physically
+    _assert_weights_close(load_file(str(sharded / "rank0_weights.safetensors")),
+                          load_file(str(single / "rank0_weights.safetensors")), atol=1e-5)
+
+
+def test_fsdp2_shrink_frees_memory_on_every_rank(fsdp_runs):
+    _, single, sharded = fsdp_runs
+    one = _result(single)["memory"]
+    for rank in (0, 1):
+        held = _result(sharded, rank)["memory"]  # bytes of parameter shards + optimizer state after each step
+        assert held["8"] < held["7"] and held["14"] < held["13"]  # each shrink frees memory on this rank
+        assert held["24"] == held["14"]  # and training goes on at the smaller size
+        assert held["7"] < 0.6 * one["7"] and held["24"] < 0.6 * one["24"]  # each rank holds about half
+
+
+def test_fsdp2_run_killed_after_a_shrink_resumes_to_the_same_end(fsdp_runs, multi30k_dir):
+    base, _, sharded = fsdp_runs
+    killed = base / "killed"
+    # rank 0 sends itself SIGKILL at step 20 (after both shrinks and the step-16 checkpoint); torchrun stops rank 1
+    crashed = subprocess.run(_torchrun(WORKER, "--out", str(killed), "--data", str(multi30k_dir), "--kill-at-step",
+                                       "20"), cwd=base, env=_env(), capture_output=True, text=True, timeout=600)
+    assert crashed.returncode != 0 and "Signal 9 (SIGKILL)" in crashed.stderr, crashed.stderr[-3000:]
+    assert not (killed / "rank0_result.json").exists() and not (killed / "checkpoint-24").exists()
+    _run(_torchrun(WORKER, "--out", str(killed), "--data", str(multi30k_dir), "--resume"), base)
+    resumed, full = _result(killed), _result(sharded)
+    assert resumed["resumed_from"].endswith("checkpoint-16") and sorted(map(int, resumed["losses"])) == list(
+        range(17, 25))
+    assert all(resumed["losses"][step] == full["losses"][step] for step in resumed["losses"])
+    assert resumed["mask"] == full["mask"] and resumed["layout"] == full["layout"]
+    _assert_weights_close(load_file(str(killed / "rank0_weights.safetensors")),
+                          load_file(str(sharded / "rank0_weights.safetensors")), atol=0)
+
+
+def test_fsdp2_hard_concrete_finalize_shrink(tmp_path, multi30k_dir):
+    out = tmp_path / "gates"
+    _run(_torchrun(WORKER, "--out", str(out), "--data", str(multi30k_dir), "--callback", "gates-shrink"), tmp_path)
+    r0, r1 = _result(out, 0), _result(out, 1)
+    assert r0["log_alpha"] == r1["log_alpha"]  # gate gradients averaged over ranks: the same gates everywhere
+    assert r0["mask"] == r1["mask"] and r0["layout"] == r1["layout"]
+    kept = sum(sum(1 for v in keep if v) for keep in r0["mask"]["sites"].values())
+    assert kept == 12 and sum(len(site["heads"]) for site in r0["layout"]["sites"]) == 12  # the budget, shrunk
+    for result in (r0, r1):
+        assert result["memory_end"] < result["memory"]["24"]  # the shrink at the end freed memory on every rank
