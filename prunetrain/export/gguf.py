@@ -224,13 +224,14 @@ def model_logits(model: nn.Module, tokens: list[int]) -> np.ndarray:
 def check_gguf(model: nn.Module, path: str | Path, gguf_type: str, threads: int = 1) -> float:
     """max |llama.cpp − model| / max |logit| on a probe sequence, run in llama.cpp; `ValueError` above
     `TOLERANCE[gguf_type]`."""
-    from prunetrain.export.llama_cpp import open_model, prompt_logits
+    from prunetrain.export.llama_cpp import open_model, prompt_logits, quiet_stderr
 
     tokens = probe_tokens(model)
     want = model_logits(model, tokens)
     llm = open_model(path, n_ctx=max(64, len(tokens)), threads=threads)
     try:
-        got = prompt_logits(llm, tokens)
+        with quiet_stderr():
+            got = prompt_logits(llm, tokens)
     finally:
         llm.close()
     if got.shape != want.shape:

@@ -30,13 +30,19 @@ def llama_cpp_missing() -> str | None:
 
 @contextlib.contextmanager
 def quiet_stderr():
-    """File descriptor 2 to /dev/null for the block: llama.cpp's C code logs warnings there (context larger than
-    the training context, ...) even when `verbose=False`, and the CLI's stderr is for one-line errors."""
+    """stderr silenced for the block, both file descriptor 2 (llama.cpp's C code) and Python's `sys.stderr`
+    (llama-cpp-python's log callback prints there): llama.cpp logs warnings (context larger than the training
+    context, V cache padding, ...) even with `verbose=False`, and the CLI's stderr is for one-line errors."""
+    import io
+    import sys
+
+    sys.stderr.flush()
     saved = os.dup(2)
     devnull = os.open(os.devnull, os.O_WRONLY)
     try:
         os.dup2(devnull, 2)
-        yield
+        with contextlib.redirect_stderr(io.StringIO()):
+            yield
     finally:
         os.dup2(saved, 2)
         os.close(saved)
