@@ -105,16 +105,26 @@ def test_gguf_records_the_per_layer_head_counts(tmp_path):
     assert {t.name: tuple(t.shape) for t in reader.tensors}["blk.1.attn_q.weight"] == (64, 16)
 
 
-def test_gguf_f16_stays_within_its_stated_tolerance(tmp_path):
+def test_gguf_writes_a_sliding_window_as_the_context_length(tmp_path):
+    import gguf
+
+    model = prune_groups(decoder("mistral", sliding_window=32), KEPT_GROUPS[0.5])  # positions: 128, window: 32
+    export(model, tmp_path / "gguf", "gguf")  # checked in llama.cpp on a 24-token probe (inside the window)
+    reader = gguf.GGUFReader(str(tmp_path / "gguf" / "model.gguf"))
+    assert reader.fields["deci.context_length"].contents() == 32
+
+
+@pytest.mark.parametrize("gguf_type,matrix", [("f16", "F16"), ("q8_0", "Q8_0")])
+def test_gguf_f16_and_q8_0_stay_within_their_stated_tolerance(gguf_type, matrix, tmp_path):
     import gguf
 
     from prunetrain.export.gguf import TOLERANCE
 
     model = prune_groups(decoder("qwen2"), KEPT_GROUPS[0.5])
-    result = export(model, tmp_path / "gguf", "gguf", gguf_type="f16")
-    assert 0 < result["max_abs_diff"] <= TOLERANCE["f16"]
+    result = export(model, tmp_path / "gguf", "gguf", gguf_type=gguf_type)
+    assert 0 < result["max_abs_diff"] <= TOLERANCE[gguf_type]
     types = {t.name: t.tensor_type.name for t in gguf.GGUFReader(str(tmp_path / "gguf" / "model.gguf")).tensors}
-    assert types["blk.0.attn_q.weight"] == "F16" and types["blk.0.attn_q.bias"] == "F32"
+    assert types["blk.0.attn_q.weight"] == matrix and types["blk.0.attn_q.bias"] == "F32"
     assert types["blk.0.attn_norm.weight"] == "F32"
 
 
@@ -161,7 +171,7 @@ def test_gguf_refuses_what_llama_cpp_cannot_compute_exactly(tmp_path):
                      r"rope_parameters are \{'rope_type': 'linear'", tmp_path)
     _refused(decoder("llama", hidden_act="gelu"), r"format: 'gguf' needs the SiLU-gated feed-forward llama\.cpp "
                                                   r"runs; this model's hidden_act is 'gelu'\.", tmp_path)
-    with pytest.raises(ValueError, match=r"gguf_type: 'q4' is not one of 'f32', 'f16'\."):
+    with pytest.raises(ValueError, match=r"gguf_type: 'q4' is not one of 'f32', 'f16', 'q8_0'\."):
         export(decoder("llama"), tmp_path / "gguf", "gguf", gguf_type="q4")
     with pytest.raises(ValueError, match=r"gguf_type: 'f16' is only for format 'gguf', not 'padded'\."):
         export(decoder("llama"), tmp_path / "p", "padded", gguf_type="f16")
@@ -176,6 +186,19 @@ def test_gguf_refuses_a_tokenizer_llama_cpp_would_split_differently(m30k_tokeniz
     with pytest.raises(ValueError, match=r"tokenizer: .* cannot be written for llama\.cpp \(its pre-tokenizer is "
                                          r"not GPT-2's byte-level split"):
         export(source, tmp_path / "gguf", "gguf")
+    assert not (tmp_path / "gguf").exists()
+
+
+def test_gguf_refuses_a_sentencepiece_tokenizer(multi30k_dir, tmp_path):
+    import sentencepiece as spm
+
+    source = pt.save_pruned(prune_groups(decoder("llama"), KEPT_GROUPS[0.5]), tmp_path / "pruned")
+    spm.SentencePieceTrainer.train(input=str(multi30k_dir / "train.en"), model_prefix=str(source / "tokenizer"),
+                                   vocab_size=96, input_sentence_size=2000, minloglevel=2)
+    with pytest.raises(ValueError, match=r"tokenizer: '.*tokenizer\.model' is not a tokenizer\.json; GGUF export "
+                                         r"writes byte-level BPE tokenizers \(tokenizer\.json\) only"):
+        export(source, tmp_path / "gguf", "gguf")
+    assert "is not a byte-level BPE tokenizer.json" in check_formats(source)["gguf"]
     assert not (tmp_path / "gguf").exists()
 
 
@@ -194,7 +217,7 @@ def test_cli_exports_gguf_and_lists_it_in_check(tmp_path, capsys, monkeypatch):
     for args, message in [((source, tmp_path / "x", "--format", "padded", "--gguf-type", "f16"),
                            "prunetrain: error: --gguf-type: 'f16' is only for --format gguf, not 'padded'."),
                           ((source, tmp_path / "y", "--format", "gguf", "--gguf-type", "q2"),
-                           "prunetrain: error: --gguf-type: 'q2' is not one of 'f32', 'f16'.")]:
+                           "prunetrain: error: --gguf-type: 'q2' is not one of 'f32', 'f16', 'q8_0'.")]:
         code, out, err = _cli_in_process(capsys, monkeypatch, *args)
         assert code == 2 and err.strip() == message and out == "", err
     assert sorted(p.name for p in tmp_path.iterdir()) == ["g", "pruned"]

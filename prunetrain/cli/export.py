@@ -22,8 +22,9 @@ def export_command(
                                     "config, same heads everywhere) | padded (original shapes, removed heads zero: "
                                     "exact, no speed-up) | onnx (ONNX Runtime graphs) | gguf (llama.cpp, Llama "
                                     "family, per-layer heads)."),
-    gguf_type: Optional[str] = typer.Option(None, "--gguf-type", help="With --format gguf: f32 (default, exact) or "
-                                                                      "f16 (weights rounded to f16)."),
+    gguf_type: Optional[str] = typer.Option(None, "--gguf-type", help="With --format gguf: f32 (default, exact), "
+                                                                      "f16 or q8_0 (checked within a stated "
+                                                                      "tolerance, docs/export.md)."),
     check: bool = typer.Option(False, "--check", help="List the formats SOURCE can be written in, and why not the "
                                                       "others; writes nothing."),
     overwrite: bool = typer.Option(False, "--overwrite", help="Replace an existing non-empty DESTINATION."),
@@ -34,7 +35,7 @@ def export_command(
         if gguf_type is not None:
             if format != "gguf":
                 raise UserError(f"--gguf-type: {gguf_type!r} is only for --format gguf, not {format!r}.")
-            check_choice("--gguf-type", gguf_type, ("f32", "f16"))
+            check_choice("--gguf-type", gguf_type, ("f32", "f16", "q8_0"))
     if not (source / "config.json").is_file():
         raise UserError(f"source: {str(source)!r} is not a saved model directory (no config.json).")
     if check:

@@ -86,7 +86,7 @@ def export(source: str | os.PathLike | nn.Module, destination: str | os.PathLike
             speed-up), "onnx" (ONNX graphs checked with ONNX Runtime), "gguf" (llama.cpp, Llama family, checked
             in llama.cpp; `max_abs_diff` is then relative to the largest logit).
         overwrite: replace an existing non-empty `destination`.
-        gguf_type: "f32" (default) or "f16", for format "gguf" only.
+        gguf_type: "f32" (default), "f16" or "q8_0", for format "gguf" only.
 
     Returns:
         {"format", "destination", "files", "max_abs_diff", "heads"} (+ "gguf_type" for gguf).
