@@ -83,3 +83,60 @@ def test_a_config_that_is_not_json_names_the_file(tmp_path):
     (path / "config.json").write_text("{not json")
     with pytest.raises(ValueError, match=r"path: '.*config.json' is not JSON \(Expecting property name"):
         pt.load_pruned(path)
+
+
+@pytest.mark.parametrize("family", ["t5", "marian"])
+def test_a_model_loads_computing_bit_identically_with_the_attention_it_ran(family, tmp_path):
+    """T5's logits differ by ~1e-6 between eager and sdpa kernels: the directory records the implementation the
+    saved model ran, and load_pruned / from_pretrained(trust_remote_code=True) use it unless asked otherwise."""
+    import transformers
+
+    model = tiny_model(family)  # the zoo builds eager models; transformers' default on CPU is sdpa
+    pt.shrink(model, random_mask(model, seed=2))
+    path = pt.save_pruned(model, tmp_path / family)
+    inputs = tiny_inputs(family)
+    remote = transformers.AutoModelForSeq2SeqLM.from_pretrained(path, trust_remote_code=True)
+    with torch.no_grad():
+        expected = model(**inputs).logits
+        assert torch.equal(pt.load_pruned(path)(**inputs).logits, expected)
+        assert torch.equal(remote.eval()(**inputs).logits, expected)
+    assert pt.load_pruned(path, attn_implementation="sdpa").config._attn_implementation == "sdpa"
+
+
+def test_a_copy_or_pickle_of_a_shrunk_model_still_saves_a_pruned_directory(tmp_path):
+    import copy
+    import pickle
+
+    model = tiny_model("qwen2")
+    pt.shrink(model, random_mask(model, seed=1, empty_site=0))
+    for name, twin in (("copy", copy.deepcopy(model)), ("pickle", pickle.loads(pickle.dumps(model)))):
+        twin.save_pretrained(tmp_path / name)
+        config = json.loads((tmp_path / name / "config.json").read_text())
+        assert config["model_type"] == "qwen2-pruned-by-prunetrain", name
+        assert (tmp_path / name / "modeling_prunetrain.py").is_file()
+        loaded = pt.load_pruned(tmp_path / name)
+        assert pt.find_heads(loaded) == pt.find_heads(model)
+    assert type(model.config).__name__ == "Qwen2Config"  # transformers' auto mappings still know the class
+    import transformers
+
+    assert type(transformers.AutoModelForCausalLM.from_config(model.config)).__name__ == "Qwen2ForCausalLM"
+
+
+def test_a_model_loaded_from_its_remote_code_saves_a_pruned_directory_again(tmp_path):
+    """A user without prunetrain loads the directory with trust_remote_code=True and saves it: the new directory is
+    guarded and complete again (modeling file, layout file), and prunetrain loads it exactly."""
+    import transformers
+
+    model = tiny_model("llama")
+    pt.shrink(model, random_mask(model, seed=4, empty_site=1))
+    path = pt.save_pruned(model, tmp_path / "first")
+    remote = transformers.AutoModelForCausalLM.from_pretrained(path, trust_remote_code=True)
+    remote.save_pretrained(tmp_path / "again")
+    config = json.loads((tmp_path / "again" / "config.json").read_text())
+    assert config["model_type"] == "llama-pruned-by-prunetrain" and config["hidden_size"].startswith("this model")
+    with pytest.raises(Exception, match="pruned by prunetrain"):
+        transformers.LlamaForCausalLM.from_pretrained(tmp_path / "again", ignore_mismatched_sizes=True)
+    loaded = pt.load_pruned(tmp_path / "again")
+    inputs = tiny_inputs("llama")
+    with torch.no_grad():
+        assert torch.equal(loaded(**inputs).logits, model(**inputs).logits)

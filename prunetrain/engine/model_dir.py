@@ -84,7 +84,10 @@ def check_model_dir(path: str | os.PathLike, argument: str = "model") -> Path:
     path = Path(path)
     if not path.is_dir() or not (path / CONFIG_FILE).is_file():
         raise ValueError(f"{argument}: {str(path)!r} is not a saved model directory (no {CONFIG_FILE}).")
-    _check_architecture(path / CONFIG_FILE, _read_json(path / CONFIG_FILE, argument), argument)
+    from prunetrain.engine.remote_code import is_guarded, plain_config_dict
+
+    config = _read_json(path / CONFIG_FILE, argument)
+    _check_architecture(path / CONFIG_FILE, plain_config_dict(config) if is_guarded(config) else config, argument)
     if (path / LAYOUT_FILE).is_file():
         _read_json(path / LAYOUT_FILE, argument)
     weights = sorted(path.glob("*.safetensors"))

@@ -18,19 +18,25 @@ weights are loaded, so the weights fit exactly:
 - `headless_cache`: head-less self-attention sites whose KV-cache layer must count positions from the keys'
   position axis (`[batch, 0 heads, positions, head_dim]` is not "empty").
 
-The config also carries a guard: one strictly typed top-level field (`vocab_size`, else `hidden_size`, ...) holds
-a message (the real value is under `prunetrain_export["guard"]`), so loading the directory without this file (plain
-`from_pretrained`, with or without `ignore_mismatched_sizes`) fails with that message instead of loading a silently
-different model. The config classes below restore the field.
+The config also carries a guard: `model_type` is `<type>-pruned-by-prunetrain` (no transformers class claims it, so
+`AutoConfig`/`AutoModel*` ask for `trust_remote_code=True`) and the strictly typed model width (`hidden_size`, else
+`d_model`, ...) holds a message (the real values are under `prunetrain_export["guard"]`), so loading the directory
+without this file (`XxxForYyy.from_pretrained`, with or without `ignore_mismatched_sizes`) fails with that message
+instead of loading a silently different model. The config classes below restore both, and guard them again when
+the config is saved.
 """
 
 from __future__ import annotations
+
+import json
+import os
 
 import torch
 import transformers
 from torch import nn
 
 SPEC_KEY = "prunetrain_export"
+LAYOUT_FILE = "prunetrain_layout.json"
 
 
 def _get(root: nn.Module, path: str):
@@ -189,16 +195,39 @@ def apply_layout(model: nn.Module, spec: dict) -> None:
         module.register_forward_hook(_mark_cache_layer(tuple(kwarg_names)), with_kwargs=True)
 
 
+def _unguarded(config_dict: dict) -> dict:
+    config_dict = dict(config_dict)
+    config_dict.update((config_dict.get(SPEC_KEY) or {}).get("guard") or {})
+    return config_dict
+
+
 class PrunedConfigMixin:
-    """Restores the real value of the config field that the guard replaced in config.json."""
+    """Restores the real values of the config fields the guard replaced in config.json (the model type and the
+    model width), and guards them again whenever the config is written (a save of the loaded model)."""
+
+    @classmethod
+    def get_config_dict(cls, *args, **kwargs):
+        config_dict, kwargs = super().get_config_dict(*args, **kwargs)
+        return _unguarded(config_dict), kwargs
 
     @classmethod
     def from_dict(cls, config_dict, **kwargs):
-        config_dict = dict(config_dict)
-        spec = config_dict.get(SPEC_KEY) or {}
-        for key, value in (spec.get("guard") or {}).items():
-            config_dict[key] = value
-        return super().from_dict(config_dict, **kwargs)
+        return super().from_dict(_unguarded(config_dict), **kwargs)
+
+    def to_json_file(self, json_file_path, use_diff=True):
+        super().to_json_file(json_file_path, use_diff=use_diff)
+        with open(json_file_path, encoding="utf-8") as handle:
+            data = json.load(handle)
+        spec = data.get(SPEC_KEY) or {}
+        data.update(spec.get("guarded") or {})
+        if getattr(self, "_attn_implementation", None) in ("eager", "sdpa"):  # loads compute as this model runs
+            data["attn_implementation"] = self._attn_implementation
+        with open(json_file_path, "w", encoding="utf-8") as handle:
+            handle.write(json.dumps(data, indent=2, sort_keys=True) + "\n")
+        if os.path.basename(json_file_path) == "config.json" and "layout" in spec:  # prunetrain.load_pruned reads it
+            layout = {**spec["layout"], "attn_implementation": data.get("attn_implementation")}
+            with open(os.path.join(os.path.dirname(json_file_path), LAYOUT_FILE), "w", encoding="utf-8") as handle:
+                handle.write(json.dumps(layout, indent=1))
 
 
 class PrunedModelMixin:

@@ -1,16 +1,19 @@
 """Saving and loading models with non-uniform heads: standard HF files plus the per-site head layout.
 
 A pruned model directory holds what `save_pretrained` writes (`config.json`, `model.safetensors`, maybe
-`generation_config.json`) and `prunetrain_layout.json` (the `HeadLayout`). The config keeps its original head
-counts and records, under `prunetrain_heads`, which original heads each shrunk site holds; `load_pruned` builds
-the model from the config, shrinks it to that layout (checked against the layout file and the tensors' shapes
-first) and loads the tensors with transformers' own loader. A shrunk model's directory is also self-contained
-(`modeling_prunetrain.py` + `auto_map`, and a guard that makes a plain `from_pretrained` refuse it; see
-`prunetrain.engine.remote_code` and docs/export.md). No pickles are read or written.
+`generation_config.json`) and `prunetrain_layout.json` (the `HeadLayout`, and the attention implementation the model
+ran). The config keeps its original head counts and records, under `prunetrain_heads`, which original heads each
+shrunk site holds; `load_pruned` builds the model from the config, shrinks it to that layout (checked against the
+layout file and the tensors' shapes first) and loads the tensors with transformers' own loader. A shrunk model's
+directory is also self-contained (`modeling_prunetrain.py` + `auto_map`, and a guard that makes a plain
+`from_pretrained` refuse it; see `prunetrain.engine.remote_code` and docs/export.md). Any save of a shrunk model
+writes all of it (`save_pretrained`, `Trainer.save_model`, Trainer checkpoints): `shrink` records it on the config.
+No pickles are read or written.
 """
 
 from __future__ import annotations
 
+import copy
 import json
 import os
 import shutil
@@ -22,9 +25,8 @@ from torch import nn
 
 from prunetrain.engine.heads import LAYOUT_CONFIG_KEY, HeadLayout, find_heads, unwrap_model
 from prunetrain.engine.mask import HeadMask, attached_masks
+from prunetrain.engine.remote_code import LAYOUT_FILE, PORTABLE_ATTENTION, mark_pruned, running_attention
 from prunetrain.engine.shrink import shrink
-
-LAYOUT_FILE = "prunetrain_layout.json"
 
 
 def save_pruned(model: nn.Module, path: str | os.PathLike, overwrite: bool = False) -> Path:
@@ -52,14 +54,13 @@ def save_pruned(model: nn.Module, path: str | os.PathLike, overwrite: bool = Fal
     if path.exists() and (not path.is_dir() or any(path.iterdir())) and not overwrite:
         raise ValueError(f"path: {str(path)!r} already exists and is not empty; pass overwrite=True to replace it.")
     layout = find_heads(model)
+    mark_pruned(model)  # the record every save_pretrained of a shrunk model writes, taken from the model as it is now
     path.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{path.name}.", dir=path.parent))
     try:
         model.save_pretrained(staging)
-        (staging / LAYOUT_FILE).write_text(layout.to_json())
-        from prunetrain.engine.remote_code import write_remote_code
-
-        write_remote_code(staging, model)
+        attn = running_attention(model.config)
+        (staging / LAYOUT_FILE).write_text(json.dumps({**layout.to_dict(), "attn_implementation": attn}, indent=1))
         if path.exists():
             shutil.rmtree(path) if path.is_dir() else path.unlink()
         staging.rename(path)
@@ -118,10 +119,12 @@ def load_pruned(
     missing or unexpected tensors.
 
     Args:
-        path: a directory written by `save_pruned`.
+        path: a directory written by `save_pruned`, or by any save of a shrunk model (`save_pretrained`,
+            `Trainer.save_model`, a Trainer checkpoint).
         device: move the model there (default: the CPU).
-        attn_implementation: "eager", "sdpa", "flex_attention", ... as in `from_pretrained`; by default
-            transformers picks (sdpa on CPU).
+        attn_implementation: "eager", "sdpa", "flex_attention", ... as in `from_pretrained`; by default the one the
+            saved model ran (recorded in the layout file), so the loaded model computes bit-identically (kernels
+            differ in the last bits: a T5 saved while running eager and reloaded with sdpa differs by ~1e-6).
     """
     import transformers
 
@@ -129,7 +132,10 @@ def load_pruned(
     if not (path / LAYOUT_FILE).is_file() or not (path / "config.json").is_file():
         raise ValueError(f"path: {str(path)!r} is not a pruned model directory (expected config.json and "
                          f"{LAYOUT_FILE}, as written by prunetrain.save_pruned).")
-    saved_layout = HeadLayout.from_dict(json.loads((path / LAYOUT_FILE).read_text()))
+    layout_record = json.loads((path / LAYOUT_FILE).read_text())
+    saved_layout = HeadLayout.from_dict(layout_record)
+    recorded_attn = layout_record.get("attn_implementation")
+    attn_implementation = attn_implementation or (recorded_attn if recorded_attn in PORTABLE_ATTENTION else None)
     config = read_config(path)
     recorded = getattr(config, LAYOUT_CONFIG_KEY, None) or {}
     if hasattr(config, LAYOUT_CONFIG_KEY):
@@ -139,7 +145,7 @@ def load_pruned(
     if model_cls is None:
         raise ValueError(f"path: config.json in {str(path)!r} names no loadable architecture ({architectures!r}).")
     with torch.device("meta"):  # the recorded shapes, checked before any weight is read
-        probe = model_cls(config)
+        probe = model_cls(copy.deepcopy(config))
     _check_recorded(path, find_heads(probe), recorded)
     with torch.device("cpu"):
         probe_layout = shrink_to_layout(probe, recorded)
@@ -147,13 +153,11 @@ def load_pruned(
         raise ValueError(f"path: the head layout in {LAYOUT_FILE} does not match the one recorded in config.json.")
     _check_shapes(path, probe, _saved_shapes(path), saved_layout)
     del probe
-    if hasattr(config, LAYOUT_CONFIG_KEY):
-        delattr(config, LAYOUT_CONFIG_KEY)
 
     # transformers' own loader (it converts checkpoint key formats, e.g. fused MoE experts), on a class whose
     # constructor shrinks the freshly built model to the recorded layout before the weights are loaded
     loader = type(model_cls.__name__, (model_cls,), {"__init__": _shrinking_init(recorded),
-                                                     "__module__": model_cls.__module__})
+                                                     "__module__": model_cls.__module__, "_prunetrain_loader": True})
     kwargs = {} if attn_implementation is None else {"attn_implementation": attn_implementation}
     model, info = _quiet_from_pretrained(loader, path, config=config, output_loading_info=True, **kwargs)
     model.__class__ = model_cls

@@ -3,9 +3,22 @@
 `remote_spec(model)` records what makes a shrunk model differ from the architecture its config describes, driven by
 the model itself, not by family names: the parameters whose shape differs from a freshly built model, the integer
 attributes of the attention sites that differ, sites switched to the head-less forward, the shared-position-bias
-selection (T5) and the head-less KV-cache layers. `write_remote_code(directory, model)` adds that record, the
-`auto_map` and a guard to `config.json` and copies the modeling file (`modeling_prunetrain.py`, torch + transformers
-only) next to it. Anything the record cannot reproduce (an unknown hook or module class) is refused, never dropped.
+selection (T5) and the head-less KV-cache layers. Anything the record cannot reproduce (an unknown hook or module
+class) is refused, never dropped.
+
+**Every save of a shrunk model is a pruned directory.** `shrink` calls `mark_pruned(model)`, which records that spec
+(and the head layout) on `model.config` and switches the config's class in place to a subclass of its own class
+(same name, so transformers' auto mappings still know it) whose `to_json_file` writes the guarded `config.json`, the
+modeling file and `prunetrain_layout.json`. transformers writes a model's config through `to_json_file` in every save
+it has (`save_pretrained`, `Trainer.save_model`, every Trainer checkpoint, `push_to_hub`), so each of them writes a
+complete pruned directory, before the weights (and before any upload).
+
+The guard: `model_type` becomes `<model_type>-pruned-by-prunetrain` (no transformers class claims it, so
+`AutoConfig`/`AutoModel*` need `trust_remote_code=True`, and `AutoTokenizer` falls back to the tokenizer's own files)
+and the model width field (`hidden_size`, `d_model`, ...) holds a message that a plain `XxxForYyy.from_pretrained`
+(with or without `ignore_mismatched_sizes`) fails on; the real values are under `prunetrain_export["guard"]`, which
+the modeling file's config class and `prunetrain.load_pruned` restore. Base-class validation (`PretrainedConfig`,
+which the Trainer uses to read a checkpoint's config on resume) never reads the width field.
 """
 
 from __future__ import annotations
@@ -17,32 +30,52 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from prunetrain.engine.heads import LAYOUT_CONFIG_KEY, attention_sites, unwrap_model
+from prunetrain.engine.heads import LAYOUT_CONFIG_KEY, attention_sites, find_heads, unwrap_model
 
 MODELING_FILE = "modeling_prunetrain.py"
+LAYOUT_FILE = "prunetrain_layout.json"
 SPEC_KEY = "prunetrain_export"
-GUARD_FIELD = "vocab_size"
-GUARD_FIELDS = (GUARD_FIELD, "hidden_size", "text_config", "src_vocab_size", "d_model")
-"""Top-level config fields that can carry the guard, first present wins (vision configs have no `vocab_size`;
-two-tower configs such as CLIP's hold only their towers' sub-configs). Strict config validation rejects the message
-in any of them, so a plain `from_pretrained` fails loudly."""
+MODEL_TYPE_SUFFIX = "-pruned-by-prunetrain"
+GUARD_FIELDS = ("hidden_size", "d_model", "n_embd", "dim", "d_embed", "embed_dim", "text_config")
+"""Top-level config fields that can carry the guard message, first present wins: the model width, which every
+config class types strictly and `PretrainedConfig` itself never reads (two-tower configs such as CLIP's hold only
+their towers' sub-configs: `text_config`). `vocab_size` is not one: the base class's token-id check reads it, so a
+message there breaks `AutoTokenizer` and the Trainer's resume."""
 GUARD_MESSAGE = ("this model was pruned by prunetrain and has a different number of attention heads per layer; load "
                  "it with from_pretrained(path, trust_remote_code=True) or prunetrain.load_pruned(path)")
 GUARD_MESSAGE_PRUNETRAIN_ONLY = ("this model was pruned by prunetrain and has a different number of attention heads "
                                  "per layer, in attention code only prunetrain has; load it with "
                                  "prunetrain.load_pruned(path)")
+PORTABLE_ATTENTION = ("eager", "sdpa")
 _TEMPLATE = Path(__file__).with_name(MODELING_FILE)
 _SKIP_ATTRS = {"training"}
 
 
+def plain_model_class(cls: type) -> type:
+    """The transformers class behind `cls`: prunetrain's loading subclass and FSDP2's wrapper class are skipped."""
+    for candidate in cls.__mro__:
+        if "_prunetrain_loader" not in vars(candidate) and candidate.__module__.startswith("transformers."):
+            return candidate
+    return cls
+
+
+def plain_config(config):
+    """A deep copy of `config` as its own transformers class, without prunetrain's records (layout, export spec,
+    `auto_map`): the config of the original architecture."""
+    config = copy.deepcopy(config)
+    config.__class__ = original_config_class(type(config))
+    for key in (LAYOUT_CONFIG_KEY, SPEC_KEY, "auto_map"):
+        if key in vars(config):
+            delattr(config, key)
+    return config
+
+
 def fresh_model(model: nn.Module, device: str = "meta") -> nn.Module:
     """The original (unpruned) architecture of `model`, built from its config without the recorded layout."""
-    config = copy.deepcopy(model.config)
-    for key in (LAYOUT_CONFIG_KEY, SPEC_KEY, "auto_map"):
-        if hasattr(config, key):
-            delattr(config, key)
+    config = plain_config(model.config)
+    cls = plain_model_class(type(model))
     with torch.device(device):
-        return type(model)._from_config(config) if hasattr(type(model), "_from_config") else type(model)(config)
+        return cls._from_config(config) if hasattr(cls, "_from_config") else cls(config)
 
 
 def _hook_owner(hook) -> object:
@@ -88,7 +121,7 @@ def remote_spec(model: nn.Module) -> dict:
                        and not isinstance(v, bool) and vars(ref).get(k) != v}
             if changed:
                 spec["attrs"][path] = changed
-        if type(module) is not type(ref):
+        if path and type(module) is not type(ref):  # the root may be a loading or FSDP2 subclass
             if getattr(getattr(type(module), "forward", None), "__name__", "") != "headless_forward":
                 raise ValueError(f"model: module {path!r} runs {type(module).__name__}, prunetrain's own form of "
                                  f"{type(ref).__name__}, which the standalone modeling file cannot rebuild; write "
@@ -139,66 +172,134 @@ def auto_classes(model: nn.Module) -> dict[str, str]:
     return found
 
 
-def _class_source(model: nn.Module, autos: dict[str, str]) -> str:
+def _class_source(config_class: str, model_class: str, autos: dict[str, str]) -> str:
     """The classes `auto_map` names. They keep the transformers class names: transformers keys some checkpoint
     conversions by class name (e.g. GPT-NeoX's `embed_out` → `lm_head`)."""
-    config_cls = type(model.config).__name__
-    lines = [f"class {config_cls}(PrunedConfigMixin, transformers.{config_cls}):", "    pass", "", ""]
-    for cls_name in sorted(set(autos.values()) | {type(model).__name__}):
+    lines = [f"class {config_class}(PrunedConfigMixin, transformers.{config_class}):", "    pass", "", ""]
+    for cls_name in sorted(set(autos.values()) | {model_class}):
         lines += [f"class {cls_name}(PrunedModelMixin, transformers.{cls_name}):",
-                  f"    config_class = {config_cls}", "", ""]
+                  f"    config_class = {config_class}", "", ""]
     return "\n".join(lines).rstrip() + "\n"
 
 
-def write_remote_code(directory: str | Path, model: nn.Module) -> bool:
-    """Make a `save_pretrained` directory of a shrunk model loadable with `trust_remote_code=True` (in place).
+# ---------------------------------------------------------------------------------------------------------------------
+# every save of a shrunk model writes a pruned directory
+# ---------------------------------------------------------------------------------------------------------------------
+class PrunedConfigWriter:
+    """Mixin of a shrunk model's config class (`mark_pruned`): `to_json_file` writes the guarded config and, for a
+    `config.json`, the modeling file and `prunetrain_layout.json` beside it. A copy whose record was deleted (the
+    plain exports delete `prunetrain_export`) writes as its own class does."""
 
-    Adds `modeling_prunetrain.py`, and in `config.json` the record (`prunetrain_export`), `auto_map` and the
-    guard that stops a plain `from_pretrained` (see the modeling file's docstring).
+    def to_json_file(self, json_file_path, use_diff: bool = True) -> None:
+        super().to_json_file(json_file_path, use_diff=use_diff)
+        if getattr(self, SPEC_KEY, None):
+            write_pruned_files(Path(json_file_path), self)
+
+    def __reduce_ex__(self, protocol):  # pickles and deep copies rebuild the same pruned class
+        return _pruned_config, (original_config_class(type(self)), dict(vars(self)))
+
+
+_PRUNED_CONFIG_CLASSES: dict[type, type] = {}
+
+
+def pruned_config_class(cls: type) -> type:
+    """The pruned form of config class `cls`: same name, module and fields, plus `PrunedConfigWriter`."""
+    if issubclass(cls, PrunedConfigWriter):
+        return cls
+    if cls not in _PRUNED_CONFIG_CLASSES:
+        _PRUNED_CONFIG_CLASSES[cls] = type(cls.__name__, (PrunedConfigWriter, cls),
+                                           {"__module__": cls.__module__, "__qualname__": cls.__qualname__})
+    return _PRUNED_CONFIG_CLASSES[cls]
+
+
+def original_config_class(cls: type) -> type:
+    """The config class a pruned config class was made from (`cls` itself for any other)."""
+    return next(c for c in cls.__mro__ if not issubclass(c, PrunedConfigWriter))
+
+
+def _pruned_config(cls: type, state: dict):
+    config = cls.__new__(cls)
+    config.__dict__.update(state)
+    config.__class__ = pruned_config_class(cls)
+    return config
+
+
+def mark_pruned(model: nn.Module) -> None:
+    """Record on `model.config` what every save of `model` needs to write a pruned directory (called by `shrink`).
+
+    The record (`config.prunetrain_export`) is the `remote_spec` (or, where the standalone modeling file cannot
+    rebuild the model, the reason), the auto classes and the head layout; the config's class becomes `pruned_config_class` of its own. A model with
+    its original shapes is left (or made again) plain. Models whose config is not a transformers config (fairseq,
+    hand-written modules) are left alone: nothing saves them as a model directory.
 
     Args:
-        directory: the directory `model.save_pretrained` wrote.
-        model: the model that was saved.
-
-    Returns:
-        True when the directory got its modeling file; False when the model has its original shapes (nothing to
-        add) or its shrunk attention needs prunetrain's own code (then only the guard is added, and
-        `prunetrain.load_pruned` is the way to load it).
+        model: the model that was just shrunk (a DDP/FSDP-style `.module` wrapper is unwrapped).
     """
     import transformers
 
-    model = unwrap_model(model)
+    net = unwrap_model(model)
+    config = getattr(net, "config", None)
+    if not isinstance(config, transformers.PreTrainedConfig):
+        return
     try:
-        spec, refusal = remote_spec(model), None
+        spec = remote_spec(net)
     except ValueError as err:  # e.g. a family whose shrunk attention runs prunetrain's own forward
-        spec, refusal = {"standalone": False}, str(err)
+        spec = {"standalone": False, "refusal": str(err)}
     if not spec:
-        return False
-    directory = Path(directory)
-    config_path = directory / "config.json"
-    config = json.loads(config_path.read_text())
-    guard = next((field for field in GUARD_FIELDS if field in config), None)
+        vars(config).pop(SPEC_KEY, None)
+        config.__class__ = original_config_class(type(config))
+        return
+    config_class, model_class = original_config_class(type(config)).__name__, plain_model_class(type(net)).__name__
+    if not hasattr(transformers, config_class) or not hasattr(transformers, model_class):
+        spec = {"standalone": False, "refusal": f"{model_class} is not a class of the transformers package"}
+    spec["classes_of"] = {"config": config_class, "model": model_class}
+    if spec.get("standalone", True):
+        spec["auto_classes"] = auto_classes(net)
+    spec["layout"] = find_heads(net).to_dict()
+    config.__class__ = pruned_config_class(type(config))
+    setattr(config, SPEC_KEY, spec)
+
+
+def write_pruned_files(config_path: Path, config) -> None:
+    """Guard the `config.json` that `config` just wrote at `config_path`, and write the modeling file (unless the
+    model needs prunetrain's own code) and `prunetrain_layout.json` beside it (see the module docstring)."""
+    data = json.loads(config_path.read_text(encoding="utf-8"))
+    spec = copy.deepcopy(getattr(config, SPEC_KEY))
+    guard = next((field for field in GUARD_FIELDS if field in data), None)
     if guard is None:
         raise ValueError(f"model: its config has none of the top-level fields {', '.join(GUARD_FIELDS)}, so "
                          f"prunetrain cannot stop a plain from_pretrained from loading the pruned weights into "
                          f"full-size attention.")
-    if not hasattr(transformers, type(model.config).__name__) or not hasattr(transformers, type(model).__name__):
-        spec, refusal = {"standalone": False}, f"{type(model).__name__} is not a class of the transformers package"
-    spec["guard"] = {guard: config[guard]}
-    spec["classes_of"] = {"config": type(model.config).__name__, "model": type(model).__name__}
-    config[SPEC_KEY] = spec
-    if refusal is not None:  # a prunetrain-only directory; a plain from_pretrained must still refuse it
-        config[guard] = GUARD_MESSAGE_PRUNETRAIN_ONLY
-        config_path.write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
-        return False
-    autos = auto_classes(model)
-    config[guard] = GUARD_MESSAGE
-    module = MODELING_FILE.removesuffix(".py")
-    config["auto_map"] = {"AutoConfig": f"{module}.{type(model.config).__name__}",
-                          **{auto: f"{module}.{cls}" for auto, cls in sorted(autos.items())}}
-    config_path.write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
-    (directory / MODELING_FILE).write_text(_TEMPLATE.read_text() + "\n\n" + _class_source(model, autos))
-    return True
+    standalone = spec.get("standalone", True)
+    spec["guard"] = {guard: data[guard], "model_type": data["model_type"]}
+    spec["guarded"] = {guard: GUARD_MESSAGE if standalone else GUARD_MESSAGE_PRUNETRAIN_ONLY,
+                       "model_type": data["model_type"] + MODEL_TYPE_SUFFIX}
+    data.update(spec["guarded"])
+    data[SPEC_KEY] = spec
+    attn = running_attention(config)
+    if attn is not None:  # loads compute as the saved model ran (kernels differ in the last bits), unless asked
+        data["attn_implementation"] = attn
+    data.pop("auto_map", None)
+    directory = config_path.parent
+    if standalone:
+        module, classes = MODELING_FILE.removesuffix(".py"), spec["classes_of"]
+        data["auto_map"] = {"AutoConfig": f"{module}.{classes['config']}",
+                            **{auto: f"{module}.{cls}" for auto, cls in sorted(spec["auto_classes"].items())}}
+        if config_path.name == "config.json":
+            source = _class_source(classes["config"], classes["model"], spec["auto_classes"])
+            (directory / MODELING_FILE).write_text(_TEMPLATE.read_text() + "\n\n" + source)
+    if config_path.name == "config.json":
+        layout = {**spec["layout"], "attn_implementation": attn}
+        (directory / LAYOUT_FILE).write_text(json.dumps(layout, indent=1))
+    config_path.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+
+
+def running_attention(config) -> str | None:
+    """The attention implementation a model with `config` runs, when it is one every machine has ("eager", "sdpa"):
+    recorded in a pruned directory so that loading it computes bit-identically by default (sdpa and eager differ in
+    the last bits, ~1e-6 on a T5's logits)."""
+    attn = getattr(config, "_attn_implementation", None)
+    return attn if attn in PORTABLE_ATTENTION else None
 
 
 def plain_config_dict(config: dict) -> dict:

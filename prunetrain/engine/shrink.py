@@ -20,6 +20,7 @@ from torch import nn
 from prunetrain.engine.heads import LAYOUT_CONFIG_KEY, AttentionSite, HeadLayout, attention_sites, find_heads, unwrap_model
 from prunetrain.engine.kv_cache import track_headless_cache
 from prunetrain.engine.mask import HeadMask, attached_masks, stray_mask_hooks
+from prunetrain.engine.remote_code import mark_pruned
 from prunetrain.engine.sharded import ShardedEditor, fsdp2_modules
 
 GQA_ROUNDING = ("error", "keep", "drop")
@@ -164,6 +165,7 @@ def shrink(
         select.flush()
     setattr(model.config, LAYOUT_CONFIG_KEY, layout_record)
     track_headless_cache(model)
+    mark_pruned(model)  # every later save_pretrained (Trainer checkpoints too) writes a pruned directory
     if not all(bool((k == 1).all()) for k in keeps.values()):  # an all-ones mask changes nothing, record included
         _FOLDED[model] = {site.info.name: keeps[site.info.name][positions] for site, positions in plans}
     return find_heads(model)
