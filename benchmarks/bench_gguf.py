@@ -111,7 +111,7 @@ def main() -> None:
     p = C.parser(__doc__.split("\n")[0], repeats=5)
     p.add_argument("--prompt", type=int, default=128, help="prompt tokens (pp)")
     p.add_argument("--new-tokens", type=int, default=64, help="generated tokens (tg)")
-    p.add_argument("--gguf-type", default="f32", choices=["f32", "f16"])
+    p.add_argument("--gguf-type", default="f32", choices=["f32", "f16", "q8_0"])
     args = p.parse_args()
     machine = C.setup(args)
     C.quiet_transformers()

@@ -56,8 +56,13 @@ def uniform_config(model: nn.Module):
     dim_fields = [name for name in DIM_FIELDS if fields.get(name) is not None] or ["head_dim"]
     for name in dim_fields:  # a config without a head size gets `head_dim` (Qwen2's class reads it when set); it
         setattr(config, name, layout.sites[0].head_dim)  # is kept only if the model built from it has the shapes
-    with torch.device("meta"):
-        plain = type(model)._from_config(config)
+    try:
+        with torch.device("meta"):
+            plain = type(model)._from_config(config)
+    except ValueError as err:  # e.g. "embed_dim must be divisible by num_heads" (BART, Marian)
+        first = (str(err).strip().splitlines() or [""])[0]
+        raise ValueError(f"format: a standard {config.model_type} config with {heads} heads per site cannot be "
+                         f"built ({first}); use 'remote-code' or 'padded'.") from None
     want = model.state_dict()
     for name, value in plain.state_dict().items():
         if name in want and tuple(want[name].shape) != tuple(value.shape):

@@ -260,7 +260,9 @@ class HardConcreteCallback(PrunetrainCallback):
             self.final_mask = self.gates.to_mask(keep=budget)
             if self.constraints is not None:
                 ranks = {s.name: torch.zeros(s.num_heads) for s in self.gates.layout}  # ungated sites: kept whole
-                ranks.update({n: self.gates.site_log_alpha(n).detach().cpu() for n in self.gates.site_names})
+                for n in self.gates.site_names:  # per head (a key/value group's gate ranks each of its heads)
+                    values = self.gates.site_log_alpha(n).detach().cpu()
+                    ranks[n] = values.repeat_interleave(self.gates.layout[n].num_heads // max(1, len(values)))
                 self.final_mask = apply_constraints(self.final_mask, ranks, self.constraints)
             self.gates.detach()
             net = unwrap_model(model)
