@@ -10,7 +10,7 @@ sentences per second (one pass, same threads; ORT vs PyTorch speed at beam 4 is 
 rows).
 
     python benchmarks/export_bleu.py checkpoints/wmt-small-deen/pruned --data-dir ../shared/data/multi30k
-    python benchmarks/export_bleu.py checkpoints/wmt-small-deen-full/pruned --data-dir ../shared/data/multi30k \
+    python benchmarks/export_bleu.py checkpoints/wmt-small-deen-full/full --data-dir ../shared/data/multi30k \
         --out benchmarks/results/export_bleu_full.json                 # the full (unpruned) model
     python benchmarks/export_bleu.py DIR --data-dir ... --limit 50       # a quick check
     python benchmarks/export_bleu.py DIR --data-dir ... --speed-rounds 5 # + beam-4 time, PyTorch vs ORT interleaved
