@@ -145,6 +145,11 @@ def recipe(
                       progress=_progress)
     if config.kind == "l0-sweep":
         from prunetrain.mt.l0_sweep import run_gate_sweep
+        from prunetrain.mt.ranks import launched_world_size
+
+        if launched_world_size() > 1:
+            raise UserError(f"recipe: {config.name!r} is an l0-sweep recipe, which runs in one process; start it "
+                            f"without torchrun (the translation recipes run under torchrun).")
 
         with contextlib.redirect_stdout(sys.stderr):  # the Trainer prints its logs: stdout carries only the JSON
             results = run_gate_sweep(config, out, **run_kwargs)
@@ -159,6 +164,8 @@ def recipe(
 
     with contextlib.redirect_stdout(sys.stderr):  # the Trainer prints its logs: stdout carries only the JSON
         results = run_recipe(config, out, **run_kwargs)
+    if results is None:  # a rank other than 0 under torchrun: rank 0 prints the summary
+        return
     summary = {"output": str(out), "test_bleu": results["test_pruned"]["bleu"],
                "test_bleu_trained": results["test_full"]["bleu"], "heads_trained": results["heads_trained"],
                "heads_kept": results["heads_kept"], "heads_total": results["heads_total"],

@@ -19,6 +19,8 @@ from typing import Callable
 
 import torch
 
+from prunetrain.mt import ranks
+from prunetrain.mt.data import load_tokenizer
 from prunetrain.mt.recipe import Recipe
 from prunetrain.mt.run_dir import mark_complete, prepare_output_dir
 from prunetrain.mt.training_setup import train_seq2seq, training_args
@@ -159,8 +161,9 @@ def train(recipe: Recipe, model, inputs: RunInputs, out_dir: Path, callbacks: li
     from prunetrain.training.callbacks import last_complete_checkpoint, restore_layout
 
     t = recipe.train
+    distributed, loss = ranks.trainer_settings(t.label_smoothing)  # torchrun: train.batch_size is the global batch
     args = training_args(
-        out_dir, num_train_epochs=t.epochs, per_device_train_batch_size=t.batch_size,
+        out_dir, **distributed, num_train_epochs=t.epochs, per_device_train_batch_size=t.batch_size,
         max_steps=t.max_steps or -1, learning_rate=t.learning_rate, warmup_steps=t.warmup_steps, lr_scheduler_type=t.scheduler,
         weight_decay=t.weight_decay, label_smoothing_factor=t.label_smoothing, max_grad_norm=t.max_grad_norm,
         bf16=inputs.bf16, seed=t.seed, logging_steps=t.logging_steps, save_strategy="epoch",
@@ -173,7 +176,7 @@ def train(recipe: Recipe, model, inputs: RunInputs, out_dir: Path, callbacks: li
             raise ValueError(f"--resume: {str(out_dir)!r} has no complete checkpoint-* directory (the Trainer's "
                              f"state and every callback's) to resume from.")
         restore_layout(model, checkpoint)
-    return train_seq2seq(model, args, inputs.train_set, inputs.tokenizer, callbacks, checkpoint).model
+    return train_seq2seq(model, args, inputs.train_set, inputs.tokenizer, callbacks, checkpoint, loss).model
 
 
 def original_heads(recipe: Recipe) -> int:
@@ -244,8 +247,10 @@ def benchmark(recipe: Recipe, tokenizer, pruned, out_dir: Path, bf16: bool, prog
 
 
 def run_recipe(recipe: Recipe, out_dir: str | Path, *, data_dir: str | None = None, resume: bool = False,
-               overwrite: bool = False, progress: Callable[[str], None] = print) -> dict:
-    """Run the whole pipeline; returns the results dictionary (also written to `results.json`).
+               overwrite: bool = False, progress: Callable[[str], None] = print) -> dict | None:
+    """Run the whole pipeline; returns the results dictionary (also written to `results.json`). Under `torchrun`
+    the ranks train together and rank 0 alone writes, evaluates and reports; the other ranks return None
+    (`prunetrain.mt.ranks`).
 
     Args:
         recipe: a validated translation recipe (`load_recipe`).
@@ -260,10 +265,15 @@ def run_recipe(recipe: Recipe, out_dir: str | Path, *, data_dir: str | None = No
 
     out_dir = Path(out_dir)
     started = time.time()
-    pairs = load_pairs(recipe, data_dir)  # the data is checked before the output directory is touched
-    prepare_output_dir(out_dir, recipe, resume=resume, overwrite=overwrite, progress=progress)
+    ranks.check_global_batch(recipe.train.batch_size)  # under torchrun: rank 0 writes, the others wait (mt.ranks)
+    ranks.start()
+    progress = progress if ranks.is_main() else (lambda message: None)
+    pairs = ranks.shared(lambda: load_pairs(recipe, data_dir), lambda: load_pairs(recipe, data_dir))  # the data is
+    ranks.on_main(lambda: prepare_output_dir(  # checked before the output directory is touched
+        out_dir, recipe, resume=resume, overwrite=overwrite, progress=progress))
     progress(f"data: {len(pairs[0])} train, {len(pairs[1])} valid, {len(pairs[2])} test pairs")
-    tokenizer = load_or_train_tokenizer(recipe, out_dir, pairs[0], resume=resume)
+    tokenizer = ranks.shared(lambda: load_or_train_tokenizer(recipe, out_dir, pairs[0], resume=resume),
+                             lambda: load_tokenizer(out_dir / "tokenizer"))
     model = build_model(recipe, tokenizer)
     inputs = prepare_inputs(recipe, tokenizer, model, pairs)
     progress(f"precision: {'bf16 autocast' if inputs.bf16 else 'fp32'} (train.precision={recipe.train.precision})")
@@ -278,6 +288,8 @@ def run_recipe(recipe: Recipe, out_dir: str | Path, *, data_dir: str | None = No
     callbacks, time_cap, clock = make_callbacks(recipe, inputs)
     train_start = time.time()
     model = train(recipe, model, inputs, out_dir, callbacks, resume=resume)
+    if not ranks.end_training():
+        return None  # under torchrun rank 0 alone evaluates, saves and reports
     train_minutes = (time.time() - train_start) / 60
     progress(f"training took {train_minutes:.1f} min"
              + (f"; the time cap fired at step {time_cap.stopped_at_step} (epoch {time_cap.stopped_at:.2f}) of "

@@ -51,12 +51,14 @@ def training_args(output_dir: str | Path, **settings):
     return Seq2SeqTrainingArguments(output_dir=str(output_dir), **(shared | settings))
 
 
-def train_seq2seq(model, args, train_set, tokenizer, callbacks=(), resume_from_checkpoint=None):
+def train_seq2seq(model, args, train_set, tokenizer, callbacks=(), resume_from_checkpoint=None,
+                  compute_loss_func=None):
     """Build the recipes' `Seq2SeqTrainer` (the project's collator, the tokenizer as processing class) and train.
 
     The Trainer sets `model.config.use_cache` to `TrainingArguments.use_cache` (False) when it is built, so a model
     saved after training would say `use_cache: false` and a plain `model(...)` would build no cache; the model's own
-    value is put back when training ends. Returns the trainer.
+    value is put back when training ends. `compute_loss_func` is the Trainer's (e.g. `prunetrain.mt.ranks`'s loss
+    over the whole step's tokens under torchrun). Returns the trainer.
     """
     from transformers import Seq2SeqTrainer
 
@@ -66,7 +68,7 @@ def train_seq2seq(model, args, train_set, tokenizer, callbacks=(), resume_from_c
     use_cache = getattr(config, "use_cache", None)
     trainer = Seq2SeqTrainer(model=model, args=args, train_dataset=train_set,
                              data_collator=make_collator(tokenizer, model), processing_class=tokenizer,
-                             callbacks=list(callbacks))
+                             callbacks=list(callbacks), compute_loss_func=compute_loss_func)
     try:
         trainer.train(resume_from_checkpoint=resume_from_checkpoint)
     finally:

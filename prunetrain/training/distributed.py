@@ -30,6 +30,19 @@ def world_size() -> int:
     return dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
 
 
+def any_rank(flag: bool) -> bool:
+    """Whether `flag` is true on any rank (a collective: every rank calls it); `flag` itself in one process.
+
+    Decisions taken from something that differs between ranks (wall time) must agree, or one rank stops training
+    while the others wait for it in the next all-reduce."""
+    if world_size() == 1:
+        return flag
+    device = torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" else torch.device("cpu")
+    value = torch.tensor([1.0 if flag else 0.0], device=device)
+    dist.all_reduce(value, op=dist.ReduceOp.MAX)
+    return bool(value.item() > 0)
+
+
 def _is_fsdp2(module: nn.Module) -> bool:
     try:
         from torch.distributed.fsdp import FSDPModule

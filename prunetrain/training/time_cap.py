@@ -14,6 +14,7 @@ import time
 
 from transformers import TrainerCallback
 
+from prunetrain.training.distributed import any_rank
 from prunetrain.training.points import label
 from prunetrain.utils.validate import check_int, check_positive_float
 
@@ -66,7 +67,7 @@ class TimeCapCallback(TrainerCallback):
                                self.expected_end_step, self.planned_steps)
                 for callback in self.watch:
                     callback.expect_end(self.expected_end_step)
-        if elapsed > 60 * self.max_minutes:
+        if any_rank(elapsed > 60 * self.max_minutes):  # every rank stops at the same step (DDP, FSDP)
             control.should_training_stop = True
             self.fired = True
             self.stopped_at, self.stopped_at_step = float(state.epoch or 0), int(state.global_step)
