@@ -15,6 +15,11 @@ At evaluation the gates are deterministic: a head is kept when P(g_i = 1) > P(g_
 on test time); with the constants above that is exactly log α_i > 0.
 
 The gate multiplies the head's output where `HeadMask` does (the input of the attention output projection).
+
+Grouped-query attention: the g query heads that read one key/value head can only be removed together, so they share
+one gate (`HeadSite.group_size`; multi-query sites, whose heads go one at a time, keep a gate per head). The L0 term
+counts heads, Σ_i g_i (1 − P(g_i = 0)), so λ and a head budget mean the same as without groups, and every mask the
+gates give (deterministic or budgeted) removes whole groups: it can be shrunk exactly.
 """
 
 from __future__ import annotations
@@ -45,13 +50,16 @@ def _key(site_name: str) -> str:
 
 
 class HardConcreteGates(nn.Module):
-    """One Hard-Concrete gate per head of the gated sites (`kinds`), with learnable log α.
+    """One Hard-Concrete gate per head of the gated sites (`kinds`), one per key/value group under grouped-query
+    attention, with learnable log α (`site_log_alpha(name)`: one value per gate).
 
     - `attach(model)`: hooks that multiply each gated head by its gate. In training mode a fresh gate sample is
       drawn for every forward pass of the model (reparameterised, so ∂L/∂ log α flows); in eval mode the gates are
       the deterministic 0/1 values.
-    - `expected_l0()`: Σ_i (1 − P(g_i = 0)), differentiable; `penalty(λ)` = λ · expected_l0().
-    - `to_mask()`: the deterministic gates as a `HeadMask` (sites that are not gated keep every head).
+    - `expected_l0()`: the expected number of open heads Σ_i g_i (1 − P(g_i = 0)) (g_i: heads behind gate i),
+      differentiable; `penalty(λ)` = λ · expected_l0().
+    - `to_mask()`: the deterministic gates as a `HeadMask` (sites that are not gated keep every head); `to_mask(keep)`
+      keeps exactly `keep` heads, in whole groups (`check_budget` says beforehand whether that is possible).
     """
 
     def __init__(self, layout: HeadLayout, kinds: Iterable[str] | None = None, init_log_alpha: float = 2.0,
@@ -67,9 +75,11 @@ class HardConcreteGates(nn.Module):
         self.layout = layout
         self.kinds = tuple(k for k in KINDS if k in kinds)
         self.site_names = [s.name for s in layout if s.kind in self.kinds]
+        self.heads_per_gate = {s.name: max(1, s.group_size) for s in layout if s.kind in self.kinds}
         gen = torch.Generator().manual_seed(seed)
         self.log_alpha = nn.ParameterDict({
-            _key(s.name): nn.Parameter(init_log_alpha + init_noise * torch.randn(s.num_heads, generator=gen))
+            _key(s.name): nn.Parameter(init_log_alpha + init_noise * torch.randn(s.num_heads // self.heads_per_gate[
+                s.name], generator=gen))
             for s in layout if s.kind in self.kinds
         })
         self._current: dict[str, torch.Tensor] = {}
@@ -77,7 +87,16 @@ class HardConcreteGates(nn.Module):
 
     # distribution -----------------------------------------------------------------------------------------------
     def site_log_alpha(self, name: str) -> torch.Tensor:
+        """log α of the gates of site `name` (one per head, or per key/value group under grouped-query attention)."""
         return self.log_alpha[_key(name)]
+
+    def head_log_alpha(self, name: str) -> torch.Tensor:
+        """log α per query head of site `name` (a group's heads share their gate's value)."""
+        return self.site_log_alpha(name).repeat_interleave(self.heads_per_gate[name])
+
+    def open_heads(self, name: str) -> int:
+        """Heads of site `name` whose deterministic gate is open."""
+        return int(self.deterministic(name).sum()) * self.heads_per_gate[name]
 
     def prob_closed(self, name: str) -> torch.Tensor:
         """P(g = 0) per head of site `name` (Louizos eq. 12)."""
@@ -88,8 +107,9 @@ class HardConcreteGates(nn.Module):
         return torch.sigmoid(self.site_log_alpha(name) - BETA * math.log((1 - LIMIT_L) / (LIMIT_R - 1)))
 
     def expected_l0(self) -> torch.Tensor:
-        """Σ_i (1 − P(g_i = 0)): the expected number of non-zero gates (differentiable in log α)."""
-        return sum((1 - self.prob_closed(name)).sum() for name in self.site_names)
+        """Σ_i g_i (1 − P(g_i = 0)): the expected number of heads whose gate is not zero (g_i = heads behind gate i:
+        1, or the key/value group size), differentiable in log α (Voita et al. 2019, eq. 6, counted in heads)."""
+        return sum(self.heads_per_gate[name] * (1 - self.prob_closed(name)).sum() for name in self.site_names)
 
     def penalty(self, lam: float) -> torch.Tensor:
         """Voita et al. (2019) eq. (6) regulariser λ Σ_i (1 − P(g_i = 0))."""
@@ -107,34 +127,80 @@ class HardConcreteGates(nn.Module):
         return (self.prob_open(name) > self.prob_closed(name)).to(self.site_log_alpha(name).dtype)
 
     def gate_values(self, training: bool) -> dict[str, torch.Tensor]:
-        return {name: self.sample(name) if training else self.deterministic(name) for name in self.site_names}
+        """The gate value of every gated head (a group's heads share their gate's value), sampled or deterministic."""
+        return {name: (self.sample(name) if training else self.deterministic(name)).repeat_interleave(
+            self.heads_per_gate[name]) for name in self.site_names}
 
     # export -----------------------------------------------------------------------------------------------------
     def to_mask(self, keep: int | None = None) -> HeadMask:
         """The gates as a binary HeadMask over the whole layout (heads of sites that are not gated are kept).
 
         Args:
-            keep: None: the deterministic test-time gates (log α > 0). An int: exactly the `keep` gated heads with
-                the largest log α (a head budget met exactly, also while some gates are still undecided, when the
-                expected L0 is on budget but log α > 0 would keep more or fewer heads).
+            keep: None: the deterministic test-time gates (log α > 0). An int: exactly `keep` gated heads, those of
+                the gates with the largest log α (a head budget met exactly, also while some gates are still
+                undecided, when the expected L0 is on budget but log α > 0 would keep more or fewer heads); under
+                grouped-query attention in whole key/value groups, so `keep` must be reachable (`check_budget`).
         """
         mask = HeadMask.ones(self.layout)
         with torch.no_grad():
             if keep is None:
                 for name in self.site_names:
-                    mask[name] = self.deterministic(name).detach().cpu()
+                    mask[name] = self.deterministic(name).detach().cpu().repeat_interleave(self.heads_per_gate[name])
                 return mask
-            total = sum(self.layout[n].num_heads for n in self.site_names)
-            if isinstance(keep, bool) or not isinstance(keep, int) or not 0 <= keep <= total:
-                raise ValueError(f"keep: {keep!r} is not allowed; expected an int in [0, {total}] (gated heads).")
-            ranked = sorted(((float(v), name, h) for name in self.site_names
-                             for h, v in enumerate(self.site_log_alpha(name).detach().cpu().tolist())),
-                            key=lambda item: (-item[0], item[1], item[2]))
-            kept = {(name, h) for _, name, h in ranked[:keep]}
+            self.check_budget(keep)
+            kept = self._best_gates(keep)
             for name in self.site_names:
-                mask[name] = torch.tensor([1.0 if (name, h) in kept else 0.0
-                                           for h in range(self.layout[name].num_heads)])
+                gates = torch.tensor([1.0 if (name, i) in kept else 0.0 for i in range(len(self.site_log_alpha(name)))])
+                mask[name] = gates.repeat_interleave(self.heads_per_gate[name])
         return mask
+
+    def check_budget(self, keep: int, argument: str = "keep") -> None:
+        """Refuse a head budget the gates cannot meet exactly: not a count in [0, gated heads], or (grouped-query
+        attention) no set of whole key/value groups holds exactly `keep` heads; the message names the nearest
+        budgets that can be met.
+
+        Args:
+            keep: the number of gated heads to keep.
+            argument: how the message names the budget (the callback passes "target_heads").
+        """
+        total = sum(self.layout[n].num_heads for n in self.site_names)
+        if isinstance(keep, bool) or not isinstance(keep, int) or not 0 <= keep <= total:
+            raise ValueError(f"{argument}: {keep!r} is not allowed; expected an int in [0, {total}] (gated heads).")
+        reachable = 1  # bit j set: some set of gates holds exactly j heads (subset sums of the gate sizes)
+        for name in self.site_names:
+            for _ in range(len(self.site_log_alpha(name))):
+                reachable |= reachable << self.heads_per_gate[name]
+        if not reachable >> keep & 1:
+            below = next(j for j in range(keep, -1, -1) if reachable >> j & 1)
+            above = next((j for j in range(keep, total + 1) if reachable >> j & 1), None)
+            sizes = sorted({self.heads_per_gate[n] for n in self.site_names})
+            raise ValueError(f"{argument}: {keep} heads cannot be kept exactly: grouped-query attention removes heads "
+                             f"in whole key/value groups (of {', '.join(map(str, sizes))} heads here), so the "
+                             f"nearest budgets are {below}" + (f" and {above}." if above is not None else "."))
+
+    def _best_gates(self, keep: int) -> set[tuple[str, int]]:
+        """The gates (site, index) holding exactly `keep` heads with the largest Σ log α: the top `keep / g` gates
+        when every gate holds g heads (ties: site order, then index), else a 0/1 knapsack on the gate sizes."""
+        ranked = sorted(((float(v), name, i) for name in self.site_names
+                         for i, v in enumerate(self.site_log_alpha(name).detach().cpu().tolist())),
+                        key=lambda item: (-item[0], item[1], item[2]))
+        sizes = [self.heads_per_gate[name] for _, name, _ in ranked]
+        if len(set(sizes)) <= 1:
+            return {(name, i) for _, name, i in ranked[:keep // max(sizes, default=1)]}
+        best = [0.0] + [-math.inf] * keep  # best[j]: the largest Σ log α of gates holding j heads
+        taken: list[list[bool]] = []
+        for (value, _, _), size in zip(ranked, sizes):
+            row = [False] * (keep + 1)
+            for j in range(keep, size - 1, -1):
+                if best[j - size] + value > best[j]:
+                    best[j], row[j] = best[j - size] + value, True
+            taken.append(row)
+        kept, j = set(), keep
+        for (_, name, i), size, row in zip(reversed(ranked), reversed(sizes), reversed(taken)):
+            if row[j]:
+                kept.add((name, i))
+                j -= size
+        return kept
 
     def open_per_kind(self) -> dict[str, int]:
         """Heads whose deterministic gate is open, per gated kind."""
@@ -142,7 +208,7 @@ class HardConcreteGates(nn.Module):
         with torch.no_grad():
             for site in self.layout:
                 if site.name in self.site_names:
-                    out[site.kind] += int(self.deterministic(site.name).sum())
+                    out[site.kind] += self.open_heads(site.name)
         return out
 
     def prob_open_matrix(self) -> torch.Tensor:
@@ -151,7 +217,7 @@ class HardConcreteGates(nn.Module):
         out = torch.full((len(self.site_names), width), float("nan"))
         with torch.no_grad():
             for row, name in enumerate(self.site_names):
-                values = 1 - self.prob_closed(name).detach().float().cpu()
+                values = (1 - self.prob_closed(name).detach().float().cpu()).repeat_interleave(self.heads_per_gate[name])
                 out[row, : len(values)] = values
         return out
 
@@ -184,7 +250,8 @@ class HardConcreteGates(nn.Module):
 
     def current(self, name: str) -> torch.Tensor:
         if name not in self._current:  # a site module called outside the model's forward
-            self._current[name] = self.sample(name) if self.training else self.deterministic(name)
+            values = self.sample(name) if self.training else self.deterministic(name)
+            self._current[name] = values.repeat_interleave(self.heads_per_gate[name])
         return self._current[name]
 
 

@@ -1,6 +1,7 @@
 """`HardConcreteCallback`: Hard-Concrete gates on attention heads (Voita et al. 2019 §6) trained beside the model
 with the L0 penalty λ Σ (1 − P(g = 0)) or a Lagrangian head budget; at the end the gates become a HeadMask
-(optionally `shrink`)."""
+(optionally `shrink`). Under grouped-query attention a gate closes a whole key/value group, so a head budget is met
+exactly in whole groups (or refused before the first step when no set of groups holds it)."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from prunetrain.engine.heads import find_heads, unwrap_model
+from prunetrain.engine.heads import attention_sites, find_heads, unwrap_model
 from prunetrain.engine.mask import HeadMask
 from prunetrain.engine.shrink import shrink
 from prunetrain.methods.constraints import apply_constraints, check_constraints
@@ -25,6 +26,9 @@ from prunetrain.utils.plots import heatmap_figure
 from prunetrain.utils.validate import check_choice, check_int, check_positive_float
 
 FINALIZE = ("mask", "shrink", "none")
+LOG_KEYS = ("gates/expected_l0", "gates/penalty", "gates/heads_open", "gates/lambda", "gates/lambda_1",
+            "gates/lambda_2")
+"""Keys this callback adds to the Trainer's logs (`gates/lambda` with `lam`, `gates/lambda_1/2` with a budget)."""
 
 
 class HardConcreteCallback(PrunetrainCallback):
@@ -54,13 +58,21 @@ class HardConcreteCallback(PrunetrainCallback):
             trains as it is; gates started on an untrained model close heads before any head has learnt anything
             (measured: a 36-of-144 budget from step 0 left the wmt-small-deen model at ~1 BLEU).
         finalize: at the end of training the gates become a HeadMask (the deterministic gates log α > 0; with
-            `target_heads`, exactly the budgeted number of gated heads with the largest log α): "mask" attaches it to the
+            `target_heads`, exactly the budgeted number of gated heads with the largest log α, in whole key/value
+            groups under grouped-query attention: a budget no set of groups holds, and a "shrink" the model's
+            adapter refuses, are refused when the Trainer is built): "mask" attaches it to the
             model, "shrink" removes the heads (also under DDP and FSDP2, where every rank removes the same heads:
             the gate gradients are averaged over ranks), "none" only records it.
         output_dir: where files go (default `<output_dir>/prunetrain`).
         tensorboard: write TensorBoard scalars and figures.
         constraints: a `prunetrain.methods.constraints.ServingConstraints` the final mask is made to satisfy (units
             ranked by log α), e.g. `ServingConstraints(same_heads_per_kind=True)` for a uniform layout; None: none.
+
+    Logs: at every Trainer logging step the expected L0, the penalty and λ (λ1, λ2 of the Lagrangian with a budget)
+    and the heads whose gate is open join the Trainer's logs (`LOG_KEYS`): the console, `trainer.state.log_history`
+    and every callback after this one. The Trainer calls the reporters of `report_to` before the callbacks given to
+    it, so a reporter that should record them goes after this callback (`callbacks=[gates, TensorBoardCallback()]`,
+    `report_to=[]`); prunetrain's own TensorBoard log (`<output_dir>/prunetrain/tensorboard`) has them too.
     """
 
     name = "hard-concrete"
@@ -113,6 +125,23 @@ class HardConcreteCallback(PrunetrainCallback):
         total = sum(self.gates.layout[n].num_heads for n in self.gates.site_names)
         return float(self.target_heads) if isinstance(self.target_heads, int) else self.target_heads * total
 
+    @property
+    def budget(self) -> int | None:
+        """The number of gated heads the final mask keeps with `target_heads` (None without a budget)."""
+        return None if self.target_count is None else int(round(self.target_count))
+
+    def _refuse_what_cannot_be_exact(self, net: nn.Module) -> None:
+        """Before the first step: a budget no set of whole key/value groups holds, and a final shrink that the
+        model's adapter refuses for a gated site (the run would end in an error after all its steps)."""
+        if self.budget is not None:
+            self.gates.check_budget(self.budget, argument="target_heads")
+        if self.finalize == "shrink":
+            for site in attention_sites(net):
+                reason = site.info.name in self.gates.site_names and site.adapter.shrink_refusal(site)
+                if reason:
+                    raise ValueError(f"finalize: 'shrink' is refused for site {site.info.name!r}: {reason} Use "
+                                     f"finalize='mask' (the gates' mask stays attached).")
+
     def on_init_end(self, args, state, control, model=None, **kwargs):
         if model is None:
             raise ValueError("model: HardConcreteCallback needs the Trainer's model.")
@@ -124,6 +153,7 @@ class HardConcreteCallback(PrunetrainCallback):
         gated = sum(layout[n].num_heads for n in self.gates.site_names)
         if isinstance(self.target_heads, int) and self.target_heads > gated:
             raise ValueError(f"target_heads: {self.target_heads} is more than the {gated} gated heads.")
+        self._refuse_what_cannot_be_exact(net)
         self.freeze_parameters(net)
         if self.start_step == 0:
             self.gates.attach(net)
@@ -208,12 +238,29 @@ class HardConcreteCallback(PrunetrainCallback):
             self._lagrangian_optimizer.step()
             self._lagrangian_optimizer.zero_grad(set_to_none=True)
 
+    def log_values(self, expected: float, heads_open: int) -> dict[str, float]:
+        """What joins the Trainer's logs (`LOG_KEYS`): expected L0, penalty, λ (or λ1, λ2), heads open."""
+        values = {"gates/expected_l0": expected, "gates/penalty": self._last_penalty, "gates/heads_open": heads_open}
+        if self.lagrangian is None:
+            values["gates/lambda"] = float(self.lam)
+        else:
+            values["gates/lambda_1"] = float(self.lagrangian.lambda_1.detach())
+            values["gates/lambda_2"] = float(self.lagrangian.lambda_2.detach())
+        return values
+
     def on_log(self, args, state, control, logs=None, **kwargs):
-        if self.gates is None or not self.gates.attached or not self._is_main:
+        if self.gates is None or not self.gates.attached:
             return
         with torch.no_grad():
             expected = float(self.gates.expected_l0())
             per_kind = self.gates.open_per_kind()
+        values = self.log_values(expected, sum(per_kind.values()))
+        if logs is not None:  # the console and the callbacks after this one
+            logs.update(values)
+        if state.log_history and state.log_history[-1].get("step") == state.global_step:
+            state.log_history[-1].update(values)  # the Trainer appended this step's record just before on_log
+        if not self._is_main:
+            return
         self.trace.append({"step": state.global_step, "expected_l0": expected, "open_per_kind": per_kind,
                            "penalty": self._last_penalty})
         self._tb_scalar("prunetrain/expected_l0", expected, state.global_step)
@@ -229,7 +276,7 @@ class HardConcreteCallback(PrunetrainCallback):
         with torch.no_grad():
             expected = float(self.gates.expected_l0())
             per_kind = self.gates.open_per_kind()
-            per_site = {n: int(self.gates.deterministic(n).sum()) for n in self.gates.site_names}
+            per_site = {n: self.gates.open_heads(n) for n in self.gates.site_names}
             prob_open = self.gates.prob_open_matrix()
         record = {"epoch": epoch, "step": step, "label": label(step, epoch), "whole_epoch": is_whole_epoch(state),
                   "expected_l0": expected, "open_per_kind": per_kind,
@@ -256,13 +303,10 @@ class HardConcreteCallback(PrunetrainCallback):
         self._write_json("gates_trace.json", self.trace)
         self.unfreeze_parameters()
         if self.gates is not None and self.gates.attached:
-            budget = None if self.target_count is None else int(round(self.target_count))
-            self.final_mask = self.gates.to_mask(keep=budget)
+            self.final_mask = self.gates.to_mask(keep=self.budget)
             if self.constraints is not None:
                 ranks = {s.name: torch.zeros(s.num_heads) for s in self.gates.layout}  # ungated sites: kept whole
-                for n in self.gates.site_names:  # per head (a key/value group's gate ranks each of its heads)
-                    values = self.gates.site_log_alpha(n).detach().cpu()
-                    ranks[n] = values.repeat_interleave(self.gates.layout[n].num_heads // max(1, len(values)))
+                ranks.update({n: self.gates.head_log_alpha(n).detach().cpu() for n in self.gates.site_names})
                 self.final_mask = apply_constraints(self.final_mask, ranks, self.constraints)
             self.gates.detach()
             net = unwrap_model(model)
