@@ -125,7 +125,7 @@ class PrunetrainCallback(TrainerCallback):
     # distributed engines ----------------------------------------------------------------------------------------
     def engine_requirements(self) -> list[tuple[str, tuple[str, ...]]]:
         """(feature, engines that support it) pairs this callback needs; see `prunetrain.training.distributed`."""
-        return [(type(self).__name__, ("single", "ddp", "fsdp2"))]
+        return [(type(self).__name__, ("single", "ddp", "fsdp2", "deepspeed"))]
 
     def check_engine(self, model, args=None) -> str:
         """Refuse, with one line, an engine this callback cannot serve. Called when the Trainer is built (from its

@@ -4,8 +4,13 @@
 |---|---|---|---|
 | single process | yes | yes | yes |
 | DDP (torchrun, Trainer default) | yes (importance all-reduced, gate gradients averaged) | yes: every rank shrinks the same heads, DDP's reducer (buckets) is rebuilt, the optimizer state sliced | yes |
-| FSDP2 (`fully_shard`) | yes (activations are not sharded; the hooks see whole heads) | refused | from the gathered full state (`gathered_copy`) |
-| FSDP1, DeepSpeed, tensor / pipeline / model parallel | refused | refused | refused |
+| FSDP2 (`fully_shard`) | yes (activations are not sharded; the hooks see whole heads) | yes: each affected parameter and its sharded optimizer state gathered, sliced and sharded again (`prunetrain.engine.sharded`) | yes (or from `gathered_copy`) |
+| DeepSpeed ZeRO-1/2 | yes | refused | refused |
+| DeepSpeed ZeRO-3, FSDP1, tensor parallel, context / pipeline parallel, `device_map` over devices | refused | refused | refused |
+
+Every refusal is one line naming the engine and why (`WHY_REFUSED`), raised when the Trainer is built
+(`on_init_end`, from the training arguments and the model) and again when training starts (from the model the
+Trainer prepared).
 
 Under DDP and FSDP every rank computes the same masks: importance sums and counts are all-reduced (`head_importance`
 and the other scorers), Hard-Concrete gate gradients are averaged over ranks before each gate step, and selection is
@@ -15,15 +20,29 @@ deterministic given the scores, so no mask is ever broadcast.
 from __future__ import annotations
 
 import gc
+import json
+from pathlib import Path
 
 import torch
 import torch.distributed as dist
 from torch import nn
 
-ENGINES = ("single", "ddp", "fsdp2", "fsdp1", "deepspeed", "model_parallel")
-SUPPORTED = {"single": "everything", "ddp": "everything",
-             "fsdp2": "masks, importance, Hard-Concrete gates, pruning curves and a final shrink from the gathered "
-                      "full state (not a mid-training shrink)"}
+from prunetrain.engine.sharded import fsdp2_modules
+
+ENGINES = ("single", "ddp", "fsdp2", "deepspeed", "deepspeed_zero3", "fsdp1", "tensor_parallel", "model_parallel")
+SUPPORTED = {"single": "everything", "ddp": "everything", "fsdp2": "everything",
+             "deepspeed": "masks, importance, Hard-Concrete gates and pruning curves, but no shrink: ZeRO's optimizer "
+                          "keeps flat copies of every parameter, sized when training starts"}
+WHY_REFUSED = {
+    "deepspeed_zero3": "ZeRO-3 (or a DeepSpeed config whose ZeRO stage cannot be read) partitions every parameter "
+                       "outside PyTorch's view, so the attention projections cannot be read or sliced; use ZeRO-1/2, "
+                       "or FSDP2 to shard parameters",
+    "fsdp1": "FSDP1 flattens the parameters into FlatParameters and renames the modules; use FSDP2 "
+             "(TrainingArguments(fsdp=..., fsdp_config={'version': 2}))",
+    "tensor_parallel": "tensor parallelism splits each attention site's heads over the ranks, so no rank sees whole "
+                       "heads",
+    "model_parallel": "layers on several devices (device_map) and context or pipeline parallelism are not supported",
+}
 
 
 def world_size() -> int:
@@ -43,18 +62,49 @@ def any_rank(flag: bool) -> bool:
     return bool(value.item() > 0)
 
 
-def _is_fsdp2(module: nn.Module) -> bool:
-    try:
-        from torch.distributed.fsdp import FSDPModule
-    except ImportError:  # pragma: no cover - torch < 2.6
-        return False
-    return any(isinstance(m, FSDPModule) for m in module.modules())
-
-
 def _is_fsdp1(module: nn.Module) -> bool:
     from torch.distributed.fsdp import FullyShardedDataParallel
 
     return any(isinstance(m, FullyShardedDataParallel) for m in module.modules())
+
+
+def _is_tensor_parallel(model: nn.Module) -> bool:
+    """Tensor-parallel weights: a transformers `tp_plan` model, or DTensor parameters FSDP2 did not make."""
+    from torch.distributed.tensor import DTensor
+
+    if (getattr(model, "_tp_size", None) or 1) > 1:
+        return True
+    made_by_fsdp = set()
+    for module in fsdp2_modules(model):
+        for group in module._get_fsdp_state()._fsdp_param_groups:
+            for fsdp_param in group.fsdp_params:
+                if getattr(fsdp_param, "is_dtensor", False):  # FSDP2 applied over tensor-parallel DTensors
+                    return True
+                made_by_fsdp.add(id(fsdp_param.sharded_param))
+    return any(isinstance(p, DTensor) and id(p) not in made_by_fsdp for p in model.parameters())
+
+
+def _zero_stage(args, model: nn.Module | None) -> int | None:
+    """The DeepSpeed ZeRO stage of a run (from the engine or the Trainer's DeepSpeed config); None if unreadable."""
+    if model is not None and callable(getattr(model, "zero_optimization_stage", None)):
+        return int(model.zero_optimization_stage())
+    config = getattr(getattr(args, "hf_deepspeed_config", None), "config", None)
+    spec = getattr(args, "deepspeed", None)
+    if config is None and isinstance(spec, dict):
+        config = spec
+    elif config is None and isinstance(spec, (str, Path)) and Path(spec).is_file():
+        try:
+            config = json.loads(Path(spec).read_text())
+        except (OSError, ValueError):
+            config = None
+    zero = config.get("zero_optimization") if isinstance(config, dict) else None
+    stage = zero.get("stage") if isinstance(zero, dict) else None
+    return stage if isinstance(stage, int) and not isinstance(stage, bool) else None
+
+
+def _deepspeed_engine(args, model: nn.Module | None) -> str:
+    stage = _zero_stage(args, model)
+    return "deepspeed" if stage is not None and stage < 3 else "deepspeed_zero3"
 
 
 def training_engine(model: nn.Module | None, args=None) -> str:
@@ -64,36 +114,42 @@ def training_engine(model: nn.Module | None, args=None) -> str:
         model: the model the Trainer hands to callbacks (or the user's model in a plain loop).
         args: the `TrainingArguments`, or None outside a Trainer.
     """
-    if args is not None and getattr(args, "deepspeed", None):
-        return "deepspeed"
+    if args is not None and getattr(args, "deepspeed", None) or type(model).__name__ == "DeepSpeedEngine":
+        return _deepspeed_engine(args, model)
     if model is not None:
         devices = set((getattr(model, "hf_device_map", None) or {}).values())
         if len(devices) > 1 or getattr(model, "is_parallelizable", False) and getattr(model, "model_parallel", False):
             return "model_parallel"
-        if type(model).__name__ == "DeepSpeedEngine":
-            return "deepspeed"
+        if _is_tensor_parallel(model):
+            return "tensor_parallel"
         if _is_fsdp1(model):
             return "fsdp1"
-        if _is_fsdp2(model):
+        if fsdp2_modules(model):
             return "fsdp2"
     if args is not None and getattr(args, "fsdp", None) and not getattr(args, "use_cpu", False):
         # (with use_cpu=True, transformers 5.23 / accelerate 1.15 ignore `fsdp` and train with DDP: measured)
-        version = int((getattr(args, "fsdp_config", None) or {}).get("version", 1))
+        # transformers 5 reads a missing fsdp_config["version"] as 2 (`TrainingArguments._setup_fsdp`)
+        version = int((getattr(args, "fsdp_config", None) or {}).get("version", 2))
         return "fsdp2" if version == 2 else "fsdp1"
     if args is not None and getattr(args, "parallelism_config", None) is not None:
         config = args.parallelism_config
-        if any(getattr(config, f"{name}_size", 1) > 1 for name in ("tp", "cp", "sp")):
+        if getattr(config, "tp_size", 1) > 1:
+            return "tensor_parallel"
+        if any(getattr(config, f"{name}_size", 1) > 1 for name in ("cp", "sp")):
             return "model_parallel"
     return "ddp" if world_size() > 1 else "single"
 
 
 def require(engine: str, feature: str, allowed: tuple[str, ...]) -> None:
-    """Refuse `feature` under `engine` with one line naming the engine and what is supported."""
-    if engine not in allowed:
-        supported = SUPPORTED.get(engine)
-        detail = f"under {engine}, prunetrain supports {supported}" if supported else \
-            f"prunetrain supports single-process, DDP and FSDP2 training only"
-        raise ValueError(f"{feature}: not supported under {engine}; {detail}.")
+    """Refuse `feature` under `engine` with one line naming the engine, why, and what is supported."""
+    if engine in allowed:
+        return
+    if engine in SUPPORTED:
+        detail = f"under {engine}, prunetrain supports {SUPPORTED[engine]}"
+    else:
+        detail = (f"{WHY_REFUSED.get(engine, 'this engine is not supported')}; prunetrain supports single-process, "
+                  f"DDP and FSDP2 training, and DeepSpeed ZeRO-1/2 without shrinking")
+    raise ValueError(f"{feature}: not supported under {engine}; {detail}.")
 
 
 def find_ddp(net: nn.Module):
@@ -169,4 +225,5 @@ def gathered_copy(model: nn.Module) -> nn.Module | None:
     return plain.eval()
 
 
-__all__ = ["ENGINES", "find_ddp", "gathered_copy", "rebuild_ddp", "require", "training_engine"]
+__all__ = ["ENGINES", "SUPPORTED", "WHY_REFUSED", "any_rank", "find_ddp", "gathered_copy", "rebuild_ddp", "require",
+           "training_engine"]
