@@ -3,7 +3,8 @@
 - DDP through the HF Trainer: a mid-training shrink (`HeadPruningCallback(mode="shrink")`) gives every rank the same
   smaller model, DDP's buckets are rebuilt and the optimizer state sliced, and the final weights equal a single process
   trained on the same global batches; a run killed with SIGKILL after a distributed shrink resumes to the same end;
-  `HardConcreteCallback(finalize="shrink")` under DDP.
+  `HardConcreteCallback(finalize="shrink")` under DDP; `TrainingArguments(fsdp=...)` on CPU, which the Trainer turns
+  into the same DDP run.
 - FSDP2 (`fully_shard`) in a plain loop (on CPU the Trainer ignores `fsdp` and trains with DDP): masks, importance,
   pruning curves and Hard-Concrete gates equal to one process, a final shrink + save_pruned from the gathered state;
   the shrinking callbacks accept FSDP2 (the mid-training shrink itself: tests/test_fsdp_shrink.py).
@@ -107,6 +108,17 @@ def test_ddp_run_killed_after_a_shrink_resumes_to_the_same_end(shrink_runs, mult
     assert resumed["mask"] == full["mask"] and resumed["layout"] == full["layout"]
     _assert_weights_close(_weights(killed, 0), _weights(killed, 1), atol=0)
     _assert_weights_close(_weights(killed), _weights(ddp), atol=1e-5)
+
+
+def test_trainer_fsdp_on_cpu_trains_with_ddp_and_shrinks_mid_training(shrink_runs, multi30k_dir):
+    """On CPU the Trainer ignores `fsdp=` and wraps the model in DDP; prunetrain sees DDP and shrinks as under it."""
+    base, _, ddp = shrink_runs
+    out = base / "fsdp-arg"
+    _run(_torchrun(DIST / "ddp_shrink.py", "--out", str(out), "--data", str(multi30k_dir), "--fsdp"), base)
+    r0, plain = _result(out), _result(ddp)
+    assert r0["wrapper"] == plain["wrapper"] == "DistributedDataParallel"
+    assert r0["mask"] == plain["mask"] and r0["layout"] == plain["layout"]
+    _assert_weights_close(_weights(out, 0), _weights(ddp, 0), atol=0)  # the very same training as without fsdp=
 
 
 def test_ddp_hard_concrete_finalize_shrink(tmp_path, multi30k_dir):
