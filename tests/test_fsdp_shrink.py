@@ -63,6 +63,12 @@ def test_fsdp2_mid_training_shrinks_equal_one_process(fsdp_runs):
                           load_file(str(single / "rank0_weights.safetensors")), atol=1e-5)
 
 
+def test_a_decision_one_rank_takes_is_taken_by_every_rank(fsdp_runs):
+    _, single, sharded = fsdp_runs  # `any_rank`: how the time cap stops every rank at the same step
+    assert _result(sharded, 0)["agreed"] == _result(sharded, 1)["agreed"] == [True, False]
+    assert _result(single)["agreed"] == [True, False]  # one process: the flag itself
+
+
 def test_fsdp2_shrink_frees_memory_on_every_rank(fsdp_runs):
     _, single, sharded = fsdp_runs
     one = _result(single)["memory"]

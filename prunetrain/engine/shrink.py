@@ -6,7 +6,8 @@ for every head h with ξ_h = 0 the q/k/v rows and output-projection columns of h
 
 Parameters are shrunk in place (`param.data` is replaced), so parameter identities, and with them the optimizer's
 param groups, stay valid; the optimizer's per-parameter state (Adam/AdamW `exp_avg`/`exp_avg_sq`, SGD
-`momentum_buffer`) is sliced the same way, so training continues and the kept weights keep learning.
+`momentum_buffer`) is sliced the same way, so training continues and the kept weights keep learning. Under FSDP2
+the edits go through `prunetrain.engine.sharded.ShardedEditor` (gather, edit, shard again), site by site.
 """
 
 from __future__ import annotations
@@ -122,6 +123,9 @@ def shrink(
       unless `gqa_rounding` is `'keep'` (keep the group; its zeroed heads stay zero, so outputs are unchanged) or
       `'drop'` (remove the whole group; outputs change).
     - `optimizer`: its state for the sliced parameters is sliced the same way (Adam/AdamW, SGD momentum, ...).
+    - A `fully_shard`-ed (FSDP2) model is shrunk as a collective (every rank, the same mask): each affected
+      parameter, its gradient and its sharded optimizer state are gathered, sliced and sharded again, the
+      parameter objects kept (`prunetrain.engine.sharded`).
     - If `mask` is attached to `model` it is detached first (its zeros are now physical). Any other attached
       HeadMask is an error, since it would no longer match the model's shape.
     """

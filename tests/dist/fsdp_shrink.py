@@ -38,6 +38,7 @@ from transformers.trainer_callback import CallbackHandler
 from prunetrain.engine.heads import find_heads
 from prunetrain.mt.data import build_dataset, make_collator, marian_config, read_parallel, train_tokenizer
 from prunetrain.training import HardConcreteCallback, HeadPruningCallback, last_complete_checkpoint, restore_layout
+from prunetrain.training.distributed import any_rank
 
 GLOBAL_BATCH, STEPS_PER_EPOCH, EPOCHS = 16, 8, 3
 
@@ -179,8 +180,10 @@ def main():
     handler.on_train_end(args, state, control)
     memory_end = local_bytes(model, optimizer)  # after a shrink at the end (finalize="shrink")
     mask = callback.mask if opts.callback == "prune-shrink" else callback.final_mask
-    result = {"mask": mask.to_dict(), "layout": find_heads(model).to_dict(), "resumed_from": checkpoint,
-              "steps": state.global_step, "losses": losses, "memory": memory, "memory_end": memory_end, "world": world}
+    agreed = [any_rank(rank == 0), any_rank(False)]  # the time cap's rule: one rank's decision is every rank's
+    result = {"agreed": agreed, "mask": mask.to_dict(), "layout": find_heads(model).to_dict(), "world": world,
+              "resumed_from": checkpoint, "steps": state.global_step, "losses": losses, "memory": memory,
+              "memory_end": memory_end}
     if opts.callback == "gates-shrink":
         result["log_alpha"] = {k: v.tolist() for k, v in callback.gates.state_dict().items()}
     weights = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True)) \
@@ -188,7 +191,8 @@ def main():
     out.mkdir(parents=True, exist_ok=True)
     (out / f"rank{rank}_result.json").write_text(json.dumps(result))
     if rank == 0:
-        save_file({k: v.detach().clone().contiguous() for k, v in weights.items()}, str(out / "rank0_weights.safetensors"))
+        save_file({k: v.detach().clone().contiguous() for k, v in weights.items()},
+                  str(out / "rank0_weights.safetensors"))
     if world > 1:
         dist.barrier()
         dist.destroy_process_group()
