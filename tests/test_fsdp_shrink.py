@@ -7,7 +7,9 @@ through transformers' `CallbackHandler` (on CPU the HF Trainer does not shard, s
   sharded AdamW state gathered, sliced, sharded again), and the same global batches give the same losses and the
   same final weights as one unsharded process; each rank holds less after each shrink;
 - a run whose rank 0 is killed with SIGKILL after both shrinks resumes from its checkpoint to the same end;
-- `HardConcreteCallback(finalize="shrink")` leaves both ranks with the same shrunk, sharded model.
+- `HardConcreteCallback(finalize="shrink")` leaves both ranks with the same shrunk, sharded model;
+- what the sharded shrink cannot do (CPU offload, tensor-parallel weights) is refused before any weight changes
+  (in this process, on a one-rank gloo group).
 """
 
 from __future__ import annotations
@@ -18,11 +20,13 @@ import sys
 
 import pytest
 import torch
+import torch.distributed as dist
 from safetensors.torch import load_file
 
-from test_distributed import DIST, _env, _run, _torchrun
+import prunetrain as pt
+from prunetrain.zoo import random_mask, tiny_model
 
-pytestmark = [pytest.mark.distributed, pytest.mark.slow]
+from test_distributed import DIST, _env, _run, _torchrun
 
 WORKER = DIST / "fsdp_shrink.py"
 
@@ -49,6 +53,8 @@ def fsdp_runs(tmp_path_factory, multi30k_dir):
     return base, single, sharded
 
 
+@pytest.mark.slow
+@pytest.mark.distributed
 def test_fsdp2_mid_training_shrinks_equal_one_process(fsdp_runs):
     _, single, sharded = fsdp_runs
     one, r0, r1 = _result(single), _result(sharded, 0), _result(sharded, 1)
@@ -63,12 +69,16 @@ def test_fsdp2_mid_training_shrinks_equal_one_process(fsdp_runs):
                           load_file(str(single / "rank0_weights.safetensors")), atol=1e-5)
 
 
+@pytest.mark.slow
+@pytest.mark.distributed
 def test_a_decision_one_rank_takes_is_taken_by_every_rank(fsdp_runs):
     _, single, sharded = fsdp_runs  # `any_rank`: how the time cap stops every rank at the same step
     assert _result(sharded, 0)["agreed"] == _result(sharded, 1)["agreed"] == [True, False]
     assert _result(single)["agreed"] == [True, False]  # one process: the flag itself
 
 
+@pytest.mark.slow
+@pytest.mark.distributed
 def test_fsdp2_shrink_frees_memory_on_every_rank(fsdp_runs):
     _, single, sharded = fsdp_runs
     one = _result(single)["memory"]
@@ -79,6 +89,8 @@ def test_fsdp2_shrink_frees_memory_on_every_rank(fsdp_runs):
         assert held["7"] < 0.6 * one["7"] and held["24"] < 0.6 * one["24"]  # each rank holds about half
 
 
+@pytest.mark.slow
+@pytest.mark.distributed
 def test_fsdp2_run_killed_after_a_shrink_resumes_to_the_same_end(fsdp_runs, multi30k_dir):
     base, _, sharded = fsdp_runs
     killed = base / "killed"
@@ -97,6 +109,8 @@ def test_fsdp2_run_killed_after_a_shrink_resumes_to_the_same_end(fsdp_runs, mult
                           load_file(str(sharded / "rank0_weights.safetensors")), atol=0)
 
 
+@pytest.mark.slow
+@pytest.mark.distributed
 def test_fsdp2_hard_concrete_finalize_shrink(tmp_path, multi30k_dir):
     out = tmp_path / "gates"
     _run(_torchrun(WORKER, "--out", str(out), "--data", str(multi30k_dir), "--callback", "gates-shrink"), tmp_path)
@@ -107,3 +121,47 @@ def test_fsdp2_hard_concrete_finalize_shrink(tmp_path, multi30k_dir):
     assert kept == 12 and sum(len(site["heads"]) for site in r0["layout"]["sites"]) == 12  # the budget, shrunk
     for result in (r0, r1):
         assert result["memory_end"] < result["memory"]["24"]  # the shrink at the end freed memory on every rank
+
+
+@pytest.fixture
+def one_rank_group(tmp_path):
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
+    yield
+    dist.destroy_process_group()
+
+
+def _weights_of(model) -> dict[str, torch.Tensor]:
+    return {k: v.full_tensor().clone() if hasattr(v, "full_tensor") else v.clone()
+            for k, v in model.state_dict().items()}
+
+
+def test_fsdp2_with_cpu_offload_is_refused_before_anything_changes(one_rank_group):
+    from torch.distributed.fsdp import CPUOffloadPolicy, fully_shard
+
+    model = tiny_model("llama")
+    for layer in model.model.layers:
+        fully_shard(layer, offload_policy=CPUOffloadPolicy(pin_memory=False))
+    fully_shard(model, offload_policy=CPUOffloadPolicy(pin_memory=False))
+    mask, before = random_mask(model, seed=1, empty_site=None), _weights_of(model)
+    with pytest.raises(ValueError, match=r"^model: FSDP2 with CPU offload \(offload_policy=CPUOffloadPolicy\(\)\): a "
+                                         r"shrink of the sharded model is not supported"):
+        pt.shrink(model, mask)
+    after = _weights_of(model)
+    assert all(torch.equal(before[k], after[k]) for k in before) and pt.find_heads(model).total_heads == 8
+
+
+def test_tensor_parallel_weights_are_refused_before_anything_changes(one_rank_group):
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+
+    model = tiny_model("llama")
+    mask = random_mask(model, seed=1, empty_site=None)
+    mesh = init_device_mesh("cpu", (1,))
+    parallelize_module(model.model.layers[1].self_attn, mesh,
+                       {"q_proj": ColwiseParallel(), "o_proj": RowwiseParallel()})
+    before = _weights_of(model)
+    with pytest.raises(ValueError, match=r"^model: it holds DTensor parameters that FSDP2 does not manage \(tensor "
+                                         r"parallel\?\)"):
+        pt.shrink(model, mask)
+    after = _weights_of(model)
+    assert all(torch.equal(before[k], after[k]) for k in before)  # layer 0 comes first and was not sliced either

@@ -35,6 +35,14 @@ def fsdp2_modules(model: nn.Module) -> list[nn.Module]:
     return [m for m in model.modules() if isinstance(m, FSDPModule)]
 
 
+def is_sharded(model: nn.Module) -> bool:
+    """Whether `model` holds DTensor parameters (FSDP2, or tensor parallel): `shrink` then edits through
+    `ShardedEditor`, which refuses what it cannot gather and shard again."""
+    from torch.distributed.tensor import DTensor
+
+    return bool(fsdp2_modules(model)) or any(isinstance(p, DTensor) for p in model.parameters())
+
+
 def _fsdp_index(model: nn.Module) -> dict[int, tuple[object, int]]:
     """id(sharded parameter) -> (its FSDPParamGroup, its position in the group), for every FSDP2-managed parameter."""
     index = {}
@@ -90,22 +98,13 @@ class ShardedEditor:
         self.optimizer = optimizer
         self.plain = plain
         self._index = _fsdp_index(model)
+        _refuse_unsupported(model, self._index)  # before any parameter is edited: never a half-shrunk model
         self._open: dict[int, tuple[nn.Parameter, _Gathered]] = {}  # in first-edit order (same on every rank)
 
     def _gathered(self, param: nn.Parameter) -> _Gathered | None:
         if id(param) not in self._index:
-            from torch.distributed.tensor import DTensor
-
-            if isinstance(param, DTensor):
-                raise ValueError("model: a parameter to shrink is a DTensor that FSDP2 does not manage (tensor "
-                                 "parallel?); prunetrain shrinks FSDP2-sharded and unsharded parameters only.")
             return None
         if id(param) not in self._open:
-            group, position = self._index[id(param)]
-            fsdp_param = group.fsdp_params[position]
-            if getattr(fsdp_param, "is_dtensor", False):
-                raise ValueError("model: a parameter FSDP2 manages is itself a DTensor (FSDP2 over tensor "
-                                 "parallel); shrinking it is not supported.")
             self._open[id(param)] = (param, _Gathered(param, _optimizer_state(self.optimizer, param)))
         return self._open[id(param)][1]
 
@@ -139,6 +138,24 @@ class ShardedEditor:
             _reshard(group, position, param, gathered, _optimizer_state(self.optimizer, param))
         self._open.clear()
         self.plain.flush()
+
+
+def _refuse_unsupported(model: nn.Module, index: dict[int, tuple[object, int]]) -> None:
+    """FSDP2 set-ups whose parameters this editor cannot gather and shard again, refused in one line."""
+    from torch.distributed.fsdp import CPUOffloadPolicy
+    from torch.distributed.tensor import DTensor
+
+    for group, position in index.values():
+        if isinstance(group.offload_policy, CPUOffloadPolicy):
+            raise ValueError("model: FSDP2 with CPU offload (offload_policy=CPUOffloadPolicy()): a shrink of the "
+                             "sharded model is not supported; train without offload, or shrink a gathered copy "
+                             "(prunetrain.training.distributed.gathered_copy).")
+        if getattr(group.fsdp_params[position], "is_dtensor", False):
+            raise ValueError("model: FSDP2 over tensor-parallel DTensors: a shrink is not supported (tensor "
+                             "parallelism splits each site's heads over the ranks).")
+    if any(isinstance(p, DTensor) and id(p) not in index for p in model.parameters()):
+        raise ValueError("model: it holds DTensor parameters that FSDP2 does not manage (tensor parallel?); "
+                         "prunetrain shrinks FSDP2-sharded and unsharded parameters only.")
 
 
 def _reshard(group, position: int, param: nn.Parameter, gathered: _Gathered, state: dict | None) -> None:
@@ -215,4 +232,4 @@ def _shard_like(param, full: torch.Tensor, local: tuple[int, int, int]):
     return out
 
 
-__all__ = ["ShardedEditor", "fsdp2_modules"]
+__all__ = ["ShardedEditor", "fsdp2_modules", "is_sharded"]

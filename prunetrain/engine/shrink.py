@@ -22,7 +22,7 @@ from prunetrain.engine.heads import LAYOUT_CONFIG_KEY, AttentionSite, HeadLayout
 from prunetrain.engine.kv_cache import track_headless_cache
 from prunetrain.engine.mask import HeadMask, attached_masks, stray_mask_hooks
 from prunetrain.engine.remote_code import mark_pruned
-from prunetrain.engine.sharded import ShardedEditor, fsdp2_modules
+from prunetrain.engine.sharded import ShardedEditor, is_sharded
 
 GQA_ROUNDING = ("error", "keep", "drop")
 
@@ -146,7 +146,7 @@ def shrink(
                          f"of a model with a mask attached copies its hooks); shrink the original's mask into it "
                          f"first, or detach masks before copying.")
     select = _OptimizerSlicer(optimizer)
-    if fsdp2_modules(model):  # sharded parameters: gathered, edited and sharded again, site by site
+    if is_sharded(model):  # sharded parameters: gathered, edited and sharded again, site by site
         select = ShardedEditor(model, select.optimizer, select)
     keeps = {site.info.name: mask[site.info.name].detach().clone() for site in sites}
     _refuse_second_fold(model, keeps)
