@@ -138,7 +138,7 @@ def test_discovery_refuses_supported_types_and_models_without_sites():
         discover_adapter(tiny_model("llama"))
     plain = nn.Sequential(nn.Embedding(10, 8), nn.Linear(8, 8))
     plain.config = SimpleNamespace(model_type="no-attention", vocab_size=10)
-    with pytest.raises(ValueError, match="discovery found no module in Sequential with a head count"):
+    with pytest.raises(ValueError, match="discovery found no module in Sequential whose Linear layers run as q/k/v"):
         discover_adapter(plain, {"input": torch.zeros(1, 3, dtype=torch.long)})
 
 
@@ -167,3 +167,186 @@ def test_the_documented_hand_written_adapter_works(registry):
     assert pt.find_heads(model).family == "ctrl"
     with torch.no_grad():
         assert (model(ids).logits - masked).abs().max() <= 1e-5
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# discovery that cannot be fooled and that travels (issue 24, seam 3)
+# ---------------------------------------------------------------------------------------------------------------------
+from prunetrain.engine.families.discovery_check import perturbed_copy  # noqa: E402
+
+_TOKENS = dict(vocab_size=96, pad_token_id=1, bos_token_id=0, eos_token_id=2)
+
+
+def _model(model_type: str):
+    """Tiny models of transformers model types no adapter names (configs only, no downloads)."""
+    small = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+                 max_position_embeddings=64, **_TOKENS)
+    build = {
+        "cohere": lambda: tf.CohereForCausalLM(tf.CohereConfig(**small, num_key_value_heads=2, use_qk_norm=True)),
+        "helium": lambda: tf.HeliumForCausalLM(tf.HeliumConfig(**small, num_key_value_heads=2, head_dim=8)),
+        "stablelm": lambda: tf.StableLmForCausalLM(tf.StableLmConfig(**small, num_key_value_heads=2,
+                                                                     qk_layernorm=True)),
+        "roformer": lambda: tf.RoFormerForMaskedLM(tf.RoFormerConfig(**small, embedding_size=32)),
+        "esm": lambda: tf.EsmForMaskedLM(tf.EsmConfig(**{**small, "vocab_size": 33}, mask_token_id=32,
+                                                      position_embedding_type="rotary")),
+        "xglm": lambda: tf.XGLMForCausalLM(tf.XGLMConfig(d_model=32, num_layers=2, attention_heads=4, ffn_dim=64,
+                                                         max_position_embeddings=64, **_TOKENS)),
+        "gptj": lambda: tf.GPTJForCausalLM(tf.GPTJConfig(n_embd=32, n_layer=2, n_head=4, rotary_dim=4,
+                                                         n_positions=64, **_TOKENS)),
+        "umt5": lambda: tf.UMT5ForConditionalGeneration(tf.UMT5Config(d_model=32, d_kv=8, d_ff=64, num_layers=2,
+                                                                      num_heads=4, decoder_start_token_id=0,
+                                                                      **_TOKENS)),
+        "codegen": lambda: tf.CodeGenForCausalLM(tf.CodeGenConfig(n_embd=32, n_layer=2, n_head=4, rotary_dim=4,
+                                                                  n_positions=64, **_TOKENS)),
+        "bloom": lambda: tf.BloomForCausalLM(tf.BloomConfig(hidden_size=32, n_layer=2, n_head=4, **_TOKENS)),
+        "olmoe": lambda: tf.OlmoeForCausalLM(tf.OlmoeConfig(**small, num_key_value_heads=2, num_experts=4,
+                                                            num_experts_per_tok=2)),
+    }[model_type]
+    torch.manual_seed(0)
+    model = build()
+    model.config._attn_implementation = "eager"
+    return model.eval()
+
+
+EXACT = ["cohere", "helium", "stablelm", "roformer", "esm", "xglm", "gptj", "umt5"]
+
+
+@pytest.mark.parametrize("model_type", EXACT)
+def test_model_types_no_adapter_names_are_discovered_and_pruned_exactly_after_training(model_type, registry):
+    """Discovered on the freshly built model (as a user would), then its norms, scales and biases move as training
+    moves them (`perturbed_copy`): masked == shrunk for a soft mask with a site left without heads, and cached
+    greedy generation of the decoder-only ones is identical. Covers per-head q/k norms (Cohere: [heads, head_dim]
+    weights; StableLM: one LayerNorm per head), head counts only in the config (Cohere, Helium), BERT-style output
+    projections in a sibling module (RoFormer, ESM), a width attribute (XGLM's embed_dim) and a per-layer
+    position-bias table with a column per head (UMT5)."""
+    model = _model(model_type)
+    assert model_type not in supported_model_types()
+    layout = pt.find_heads(model, discover=True)
+    assert layout.total_heads == (24 if model_type == "umt5" else 8) and layout.family == f"discovered:{model_type}"
+    trained = perturbed_copy(model, seed=1)
+    inputs = {"input_ids": torch.randint(3, 30, (2, 7), generator=torch.Generator().manual_seed(2))}
+    if trained.config.is_encoder_decoder:
+        inputs["decoder_input_ids"] = inputs["input_ids"][:, :5]
+    mask = random_mask(trained, seed=3, soft=True, empty_site=0)
+    generating = isinstance(trained, tf.GenerationMixin) and not trained.config.is_encoder_decoder
+    with torch.no_grad(), mask.applied(trained):
+        masked = trained(**inputs).logits
+        if generating:
+            expected = trained.generate(inputs["input_ids"], max_new_tokens=4, do_sample=False)
+    pt.shrink(trained, mask)
+    with torch.no_grad():
+        assert (trained(**inputs).logits - masked).abs().max() <= 1e-5
+        if generating:
+            assert torch.equal(trained.generate(inputs["input_ids"], max_new_tokens=4, do_sample=False), expected)
+    with torch.no_grad():  # the mask did something
+        assert not torch.allclose(perturbed_copy(model, seed=1)(**inputs).logits, masked)
+
+
+@pytest.mark.parametrize("model_type, reason", [
+    ("codegen", r"site 'transformer\.h\.0\.attn' \(CodeGenAttention, heads from 'num_attention_heads', projections "
+                r"\['qkv_proj'\] -> 'out_proj'\) cannot be pruned exactly: its fused projection 'qkv_proj' is laid "
+                r"out neither as \[q \| k \| v\] blocks nor per head as \[heads, 3, head_dim\]"),
+    ("bloom", r"site 'transformer\.h\.0\.self_attention' \(BloomAttention, .*\) cannot be pruned exactly: the model "
+              r"hands the site 'alibi' of shape \(8, 1, 7\), a per-head tensor built outside it for all 4 heads "
+              r"\(e\.g\. ALiBi position biases\)"),
+    ("olmoe", r"site 'model\.layers\.0\.self_attn' \(OlmoeAttention, heads from 'head_dim', .*\) cannot be pruned "
+              r"exactly: its parameter 'q_norm\.weight' of shape \(32,\) spans all 4 heads"),
+])
+def test_model_types_that_cannot_be_pruned_exactly_are_refused_with_the_reason(model_type, reason, registry):
+    model = _model(model_type)
+    with pytest.raises(ValueError, match=reason):
+        pt.find_heads(model, discover=True)
+    assert model_type not in supported_model_types()  # nothing registered
+
+
+class _ScaledHeads(_Attention):
+    """Heads scaled by a table read by position (`scale[:heads]`): all ones when built, so removing heads changes
+    nothing then; once trained, a shrunk head reads another head's scale."""
+
+    def __init__(self, width, heads):
+        super().__init__(width, heads, "separate")
+        self.scale = nn.Parameter(torch.ones(2 * heads))
+
+    def forward(self, x):
+        b, t, _ = x.shape
+        q, k, v = (z(x).view(b, t, -1, self.d).transpose(1, 2) for z in (self.query, self.key, self.value))
+        heads = torch.softmax(q @ k.transpose(-1, -2) / self.d ** 0.5, dim=-1) @ v
+        heads = heads * self.scale[: heads.shape[1], None, None]
+        return self.proj(heads.transpose(1, 2).reshape(b, t, -1))
+
+
+def test_the_self_check_perturbs_parameters_so_identity_initialised_ones_cannot_hide_a_dependency(registry):
+    """At initialisation this model passes every masked == shrunk comparison; discovery refuses it because it checks
+    on a copy whose non-Linear parameters were moved off their initial values."""
+    model = _TinyModel("tiny-scaled", "separate").eval()
+    model.blocks = nn.ModuleList(_ScaledHeads(32, 4) for _ in range(2))
+    with pytest.raises(ValueError, match=r"discovered site 'blocks\.0' \(_ScaledHeads, heads from 'n_heads', "
+                                         r"projections \['query', 'key', 'value'\] -> 'proj'\) .*masked and shrunk "
+                                         r"outputs differ by max \|Δ\| = "):
+        discover_adapter(model)
+    assert "tiny-scaled" not in supported_model_types()
+
+
+def test_find_heads_discovers_only_when_asked(registry, caplog):
+    model = _model("helium")
+    with pytest.raises(ValueError, match=r"model_type='helium'\) is not supported; .* Let prunetrain discover one "
+                                         r"from the model's structure \(find_heads\(model, discover=True\)"):
+        pt.find_heads(model)
+    with caplog.at_level("WARNING", logger="prunetrain"):
+        layout = pt.find_heads(model, discover=True)
+    notices = [r.getMessage() for r in caplog.records if "discovered one" in r.getMessage()]
+    assert notices == ["prunetrain: no adapter names model_type 'helium'; discovered one from its structure "
+                       "(HeliumAttention: q_proj/k_proj/v_proj -> o_proj, heads from head_dim) and proved it exact "
+                       "on a probe input."]
+    assert pt.find_heads(model) == layout  # registered: plain calls (and the callbacks) find the heads now
+
+
+_FRESH = r"""
+import json, sys, torch
+import prunetrain as pt
+from prunetrain.engine.families import supported_model_types
+assert "gptj" not in supported_model_types()
+case = torch.load(sys.argv[1], weights_only=True)
+out = {}
+for name in ("saved", "save_pretrained"):
+    model = pt.load_pruned(case[name])
+    with torch.no_grad():
+        out[name] = torch.equal(model(case["input_ids"]).logits, case["logits"])
+    out[name + "_family"] = pt.find_heads(model).family
+print("RESULT " + json.dumps(out))
+"""
+
+
+def test_a_discovered_adapter_travels_with_the_pruned_directory(tmp_path, registry):
+    """A fresh process that never ran discovery: load_pruned and `prunetrain export` read the description from the
+    directory; plain transformers loads its remote code without prunetrain."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    from conftest import REPO, run_cli
+
+    model = _model("gptj")
+    pt.find_heads(model, discover=True)
+    pt.shrink(model, random_mask(model, seed=5, soft=True, empty_site=1))
+    ids = torch.randint(3, 90, (2, 6), generator=torch.Generator().manual_seed(4))
+    with torch.no_grad():
+        logits = model(ids).logits
+    pt.save_pruned(model, tmp_path / "saved")
+    model.save_pretrained(tmp_path / "save_pretrained")
+    torch.save({"saved": str(tmp_path / "saved"), "save_pretrained": str(tmp_path / "save_pretrained"),
+                "input_ids": ids, "logits": logits}, tmp_path / "case.pt")
+    run = subprocess.run([sys.executable, "-c", _FRESH, str(tmp_path / "case.pt")], capture_output=True, text=True,
+                         timeout=600, env={**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"})
+    line = next((x for x in run.stdout.splitlines() if x.startswith("RESULT ")), None)
+    assert line is not None, run.stderr[-3000:]
+    assert json.loads(line.removeprefix("RESULT ")) == {"saved": True, "saved_family": "discovered:gptj",
+                                                         "save_pretrained": True,
+                                                         "save_pretrained_family": "discovered:gptj"}
+    check = run_cli("export", "--check", tmp_path / "saved")
+    assert check.returncode == 0 and json.loads(check.stdout)["formats"]["remote-code"] == {"possible": True}
+    remote = tf.AutoModelForCausalLM.from_pretrained(tmp_path / "save_pretrained", trust_remote_code=True)
+    assert type(remote).__module__.endswith("modeling_prunetrain")  # the directory's own code, no adapter needed
+    with torch.no_grad():
+        assert torch.equal(remote.eval()(ids).logits, logits)

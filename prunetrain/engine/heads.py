@@ -164,7 +164,7 @@ def _nonempty(model: nn.Module, adapter, sites: list[AttentionSite]) -> list[Att
     return sites
 
 
-def find_heads(model: nn.Module) -> HeadLayout:
+def find_heads(model: nn.Module, discover: bool = False) -> HeadLayout:
     """Every multi-head attention site of a transformers model, as a `HeadLayout`.
 
     The supported model types are `prunetrain.supported_model_types()` (the README lists them, generated from
@@ -172,12 +172,46 @@ def find_heads(model: nn.Module) -> HeadLayout:
 
     Args:
         model: a transformers model (or a DDP / accelerate wrapper around one).
+        discover: for a model type no adapter names, propose one from the model's structure, prove it exact on a
+            probe input built from the config and register it (one line is logged;
+            `prunetrain.engine.families.discovery`). Off by default: discovery runs the model several times on a
+            copy of it (twice its memory) and registers an adapter for the whole process, which a query should not
+            do unasked; once registered, every later call (and every callback) finds the model's heads.
 
     Raises:
-        ValueError: for an unsupported `model_type`, or a supported one in which no attention site is found.
+        ValueError: for an unsupported `model_type` (without `discover`, or when discovery refuses the model, with
+            the reason), or a supported one in which no attention site is found.
     """
+    from prunetrain.engine.families import adapter_for, supported_model_types
+
+    model = unwrap_model(model)
+    if discover and getattr(getattr(model, "config", None), "model_type", None) not in supported_model_types():
+        _discover(model)
+    adapter = adapter_for(model)
+    return HeadLayout(family=adapter.name, sites=tuple(s.info for s in _nonempty(model, adapter, adapter.sites(model))))
+
+
+def _discover(model: nn.Module) -> None:
+    import logging
+
+    from prunetrain.engine.families.discovery import discover_adapter
+
+    adapter = discover_adapter(model)
+    shapes = "; ".join(f"{p.module_class}: {'/'.join(p.projections)} -> {p.out}, heads from {p.count_from}"
+                       for p in adapter.proposals.values())
+    logging.getLogger("prunetrain").warning(
+        "prunetrain: no adapter names model_type %r; discovered one from its structure (%s) and proved it exact on a "
+        "probe input.", model.config.model_type, shapes)
+
+
+def layout_record(model: nn.Module) -> dict:
+    """`find_heads(model).to_dict()`, plus under "discovered" the description of a discovered adapter (so a pruned
+    directory brings it along to a fresh process: `prunetrain.engine.families.discovery.register_description`)."""
     from prunetrain.engine.families import adapter_for
 
     model = unwrap_model(model)
-    adapter = adapter_for(model)
-    return HeadLayout(family=adapter.name, sites=tuple(s.info for s in _nonempty(model, adapter, adapter.sites(model))))
+    record = find_heads(model).to_dict()
+    describe = getattr(adapter_for(model), "description", None)
+    if callable(describe):
+        record["discovered"] = describe()
+    return record

@@ -23,7 +23,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from prunetrain.engine.heads import LAYOUT_CONFIG_KEY, HeadLayout, find_heads, unwrap_model
+from prunetrain.engine.heads import LAYOUT_CONFIG_KEY, HeadLayout, find_heads, layout_record, unwrap_model
 from prunetrain.engine.mask import HeadMask, attached_masks
 from prunetrain.engine.remote_code import LAYOUT_FILE, PORTABLE_ATTENTION, mark_pruned, running_attention
 from prunetrain.engine.shrink import shrink
@@ -53,14 +53,14 @@ def save_pruned(model: nn.Module, path: str | os.PathLike, overwrite: bool = Fal
                              "the model with it first (prunetrain.shrink(model, mask)) or detach it.")
     if path.exists() and (not path.is_dir() or any(path.iterdir())) and not overwrite:
         raise ValueError(f"path: {str(path)!r} already exists and is not empty; pass overwrite=True to replace it.")
-    layout = find_heads(model)
     mark_pruned(model)  # the record every save_pretrained of a shrunk model writes, taken from the model as it is now
     path.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{path.name}.", dir=path.parent))
     try:
         model.save_pretrained(staging)
         attn = running_attention(model.config)
-        (staging / LAYOUT_FILE).write_text(json.dumps({**layout.to_dict(), "attn_implementation": attn}, indent=1))
+        record = {**layout_record(model), "attn_implementation": attn}
+        (staging / LAYOUT_FILE).write_text(json.dumps(record, indent=1))
         if path.exists():
             shutil.rmtree(path) if path.is_dir() else path.unlink()
         staging.rename(path)
@@ -132,9 +132,13 @@ def load_pruned(
     if not (path / LAYOUT_FILE).is_file() or not (path / "config.json").is_file():
         raise ValueError(f"path: {str(path)!r} is not a pruned model directory (expected config.json and "
                          f"{LAYOUT_FILE}, as written by prunetrain.save_pruned).")
-    layout_record = json.loads((path / LAYOUT_FILE).read_text())
-    saved_layout = HeadLayout.from_dict(layout_record)
-    recorded_attn = layout_record.get("attn_implementation")
+    saved = json.loads((path / LAYOUT_FILE).read_text())
+    saved_layout = HeadLayout.from_dict(saved)
+    if isinstance(saved.get("discovered"), dict):  # an adapter discovered when the model was pruned
+        from prunetrain.engine.families.discovery import register_description
+
+        register_description(saved["discovered"])
+    recorded_attn = saved.get("attn_implementation")
     attn_implementation = attn_implementation or (recorded_attn if recorded_attn in PORTABLE_ATTENTION else None)
     config = read_config(path)
     recorded = getattr(config, LAYOUT_CONFIG_KEY, None) or {}

@@ -30,7 +30,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from prunetrain.engine.heads import LAYOUT_CONFIG_KEY, attention_sites, find_heads, unwrap_model
+from prunetrain.engine.heads import LAYOUT_CONFIG_KEY, attention_sites, layout_record, unwrap_model
 
 MODELING_FILE = "modeling_prunetrain.py"
 LAYOUT_FILE = "prunetrain_layout.json"
@@ -255,7 +255,7 @@ def mark_pruned(model: nn.Module) -> None:
     spec["classes_of"] = {"config": config_class, "model": model_class}
     if spec.get("standalone", True):
         spec["auto_classes"] = auto_classes(net)
-    spec["layout"] = find_heads(net).to_dict()
+    spec["layout"] = layout_record(net)
     config.__class__ = pruned_config_class(type(config))
     setattr(config, SPEC_KEY, spec)
 

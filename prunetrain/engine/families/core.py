@@ -111,8 +111,9 @@ def adapter_for(model: nn.Module) -> "FamilyAdapter":
             return adapter
     raise ValueError(
         f"model: {type(model).__name__} (model_type={model_type!r}) is not supported; supported model types: "
-        f"{', '.join(supported_model_types())}. Register an adapter (see prunetrain.engine.families.core) or try "
-        f"prunetrain.engine.families.discovery.discover_adapter(model)."
+        f"{', '.join(supported_model_types())}. Let prunetrain discover one from the model's structure "
+        f"(find_heads(model, discover=True), i.e. prunetrain.engine.families.discovery.discover_adapter) or register "
+        f"an adapter (see prunetrain.engine.families.core)."
     )
 
 
@@ -237,7 +238,8 @@ def headless_forward(self, hidden_states, *args, **kwargs):
 
 
 def define_headless(name: str, base: Callable[[], type], out: str | None, head_dim: str,
-                    cache_kwargs=("past_key_values",), time_first: bool = False, post: str | None = None) -> str:
+                    cache_kwargs=("past_key_values",), time_first: bool = False, post: str | None = None,
+                    head_dim_value: int | None = None) -> str:
     """Declare the head-less form of an attention class (its forward is `headless_forward`).
 
     Args:
@@ -249,9 +251,12 @@ def define_headless(name: str, base: Callable[[], type], out: str | None, head_d
         cache_kwargs: keywords under which the module receives its KV cache.
         time_first: inputs are `[T, B, E]`.
         post: a submodule applied to the output as the family's own forward does (e.g. GPT-2's `resid_dropout`).
+        head_dim_value: head_dim itself, kept as the class attribute `head_dim` names, for a module that holds no
+            head_dim attribute (structural discovery).
     """
+    extra = {} if head_dim_value is None else {head_dim: int(head_dim_value)}
     return define_subclass(name, base, forward=headless_forward, _pt_out=out, _pt_head_dim=head_dim,
-                           _pt_cache_kwargs=tuple(cache_kwargs), _pt_time_first=time_first, _pt_post=post)
+                           _pt_cache_kwargs=tuple(cache_kwargs), _pt_time_first=time_first, _pt_post=post, **extra)
 
 
 # ---------------------------------------------------------------------------------------------------------------------
