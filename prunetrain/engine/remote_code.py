@@ -245,6 +245,8 @@ def mark_pruned(model: nn.Module) -> None:
         spec = remote_spec(net)
     except ValueError as err:  # e.g. a family whose shrunk attention runs prunetrain's own forward
         spec = {"standalone": False, "refusal": str(err)}
+    except Exception as err:  # the architecture would not build from its config: the directory needs prunetrain
+        spec = {"standalone": False, "refusal": f"{type(err).__name__}: {str(err)[:200]}"}
     if not spec:
         vars(config).pop(SPEC_KEY, None)
         config.__class__ = original_config_class(type(config))
