@@ -10,66 +10,19 @@ from __future__ import annotations
 
 import json
 import random
-import re
 import shutil
-import sys
 from pathlib import Path
 
 import pytest
-import torch
 
 import prunetrain as pt
-
-
-# ---------------------------------------------------------------------------------------------------------------------
-# helpers
-# ---------------------------------------------------------------------------------------------------------------------
-def run_main(monkeypatch, capsys, *args, stdin: bytes | None = None, env: dict | None = None):
-    """`prunetrain ARGS` in this process: (exit code, stdout, stderr). An uncaught exception fails the test."""
-    from prunetrain.cli import main
-
-    monkeypatch.setattr(sys, "argv", ["prunetrain", *map(str, args)])
-    for key, value in (env or {}).items():
-        monkeypatch.setenv(key, value)
-    if stdin is not None:
-        import io
-
-        monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(stdin), encoding="utf-8"))
-    capsys.readouterr()
-    try:
-        main()
-        code = 0
-    except SystemExit as exit_:
-        code = exit_.code or 0
-    out, err = capsys.readouterr()
-    return code, out, err
-
-
-def assert_one_line(result, pattern: str):
-    code, _, err = result
-    lines = [line for line in err.strip().splitlines() if line.strip()]
-    assert code == 2, (code, err[-2000:])
-    assert "Traceback" not in err and len(lines) == 1, err[-2000:]
-    assert lines[0].startswith("prunetrain: error: ") and re.search(pattern, lines[0]), lines[0]
-
-
-def tree(path: Path) -> dict[str, bytes]:
-    return {str(p.relative_to(path)): p.read_bytes() for p in sorted(path.rglob("*")) if p.is_file()}
+from hostile import assert_one_line, run_main, save_tiny_translation_model, tree, write_small_data
 
 
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory, multi30k_dir) -> Path:
     """A tiny saved Marian translation model with its tokenizer (the layout `save_translation_model` writes)."""
-    from transformers import MarianMTModel
-
-    from prunetrain.mt.data import marian_config, read_parallel, train_tokenizer
-    from prunetrain.mt.translation import save_translation_model
-
-    tokenizer = train_tokenizer(read_parallel(multi30k_dir, "train", limit=300), vocab_size=300)
-    torch.manual_seed(0)
-    model = MarianMTModel(marian_config(tokenizer, d_model=16, ffn_dim=32, layers=1, heads=2,
-                                        max_position_embeddings=64))
-    return save_translation_model(model, tokenizer, tmp_path_factory.mktemp("bad-input") / "model")
+    return save_tiny_translation_model(tmp_path_factory.mktemp("bad-input") / "model", multi30k_dir)
 
 
 @pytest.fixture
@@ -82,15 +35,7 @@ def copy_of(model_dir, tmp_path):
 @pytest.fixture
 def small_data(tmp_path, multi30k_dir) -> Path:
     """A parallel-text directory with 8 pairs per split (fast to translate)."""
-    from prunetrain.mt.data import read_parallel, write_lines
-
-    out = tmp_path / "data"
-    out.mkdir()
-    for split in ("train", "valid", "test"):
-        pairs = read_parallel(multi30k_dir, split, limit=8)
-        write_lines(out / f"{split}.de", [s for s, _ in pairs])
-        write_lines(out / f"{split}.en", [t for _, t in pairs])
-    return out
+    return write_small_data(tmp_path / "data", multi30k_dir)
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -105,8 +50,9 @@ def small_data(tmp_path, multi30k_dir) -> Path:
                                    r"and model.heads=8 at most 0.875"),
     ("pruning.curve_fractions=[0.5, 2]", r"pruning.curve_fractions: 2.0 is not a fraction in \[0, 1\]"),
     ("pruning.min_heads_per_layer=9", r"pruning.min_heads_per_layer: 9 is more than model.heads=8"),
-    ("pruning.schedule_steps={400: 0.25, 600: 0.5, 800: 0.625, 1000: 0.75, 2000: 0.8}",
-     r"pruning.schedule_steps: step 2000 is after the last training step \(train.max_steps=1800\)"),
+    ("pruning.schedule_steps={400: 0.25, 600: 0.5, 800: 0.625, 1000: 0.75, 9000: 0.8}",
+     r"pruning.schedule_steps: step 9000 is never reached: the run ends at step 5448 \(29000 training pairs, 454 "
+     r"steps per epoch × train.epochs=12\)"),
     ("pruning.schedule={2: 0.4, 4: 0.2}", r"pruning.schedule: .* must not decrease"),
     ("pruning.scope=everywhere", r"pruning.scope: 'everywhere' is not one of 'global', 'layer', 'kind'"),
     ("model.heads=3", r"model.d_model: 256 is not divisible by model.heads=3"),
@@ -187,7 +133,7 @@ def _truncate(path: Path, keep: float = 0.5) -> None:
     (lambda d: (d / "config.json").write_text("{not json"), r"model: '.*config.json' is not valid JSON"),
     (lambda d: (d / "config.json").write_text("[1, 2]"), r"model: '.*config.json' holds JSON list, not an object"),
     (lambda d: (d / "prunetrain_layout.json").write_bytes(b"\xff\xfe"),
-     r"model: '.*prunetrain_layout.json' is not valid JSON"),
+     r"model: '.*prunetrain_layout.json' is not valid UTF-8 \(byte offset 0\)"),
     (lambda d: ((d / "model.safetensors").unlink(), (d / "pytorch_model.bin").write_bytes(b"\x80\x04pickle")),
      r"model: '.*' has no .safetensors weights \(it holds pytorch_model.bin, pickle weights prunetrain does not "
      r"unpickle\)"),
@@ -356,9 +302,12 @@ KEYS = ["data.src", "data.vocab_size", "data.max_length", "data.train_limit", "m
         "train.learning_rate", "train.warmup_steps", "train.scheduler", "train.precision", "train.max_minutes",
         "pruning.final_fraction", "pruning.curve_fractions", "pruning.schedule", "pruning.scope", "pruning.mode",
         "pruning.min_heads_per_layer", "pruning.importance_epochs", "eval.num_beams", "eval.test_limit", "name",
-        "train.nope", "nope.key", "train", "kind"]
+        "train.nope", "nope.key", "train", "kind", "train.seed", "pruning.schedule_steps", "eval.test_steps",
+        "data.max_length", "data.dir", "train.max_steps"]
 VALUES = ["0", "-1", "1", "2", "3", "0.5", "1.5", "-0.0", ".nan", ".inf", "true", "null", "''", "abc", "[0.2, 0.9]",
-          "[]", "{1: 0.5}", "{3: 2}", "[1, x]", "{", "\"\"", "eager", "global", "inverse_sqrt", "1e-9", "99999"]
+          "[]", "{1: 0.5}", "{3: 2}", "[1, x]", "{", "\"\"", "eager", "global", "inverse_sqrt", "1e-9", "99999",
+          "1e-3", "{2: 0.5, 2: 0.6}", "4294967296", "[[[[[[]]]]]]", "&a [1]", "*a", "9" * 400, "flash_attention_2",
+          "1000000000", "{10: 0.5, 9000: 0.6}", "[9000]", "a #b: c"]
 
 
 def test_fuzz_recipe_overrides(monkeypatch, capsys, tmp_path):

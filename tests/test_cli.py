@@ -53,7 +53,8 @@ def test_bad_recipe_input_is_one_line_and_exit_2(args, pattern):
                                                              r"pass --overwrite to replace it"),
     ({"recipe.yaml": "name: x\n", "checkpoint-5/trainer_state.json": "{}"},
      r"--output: '.*run' holds an unfinished run with checkpoint-5; pass --resume to continue it or --overwrite"),
-    ({"notes.txt": "mine"}, r"--output: '.*run' is not empty and holds no prunetrain run; pass --overwrite"),
+    ({"notes.txt": "mine"}, r"--output: '.*run' is not empty and holds no prunetrain run \(no recipe.yaml\); "
+                            r"choose another --output \(--overwrite replaces only run directories prunetrain wrote\)"),
 ])
 def test_recipe_refuses_an_output_directory_it_would_damage(tmp_path, multi30k_dir, files, pattern):
     out = tmp_path / "run"

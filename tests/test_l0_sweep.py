@@ -90,6 +90,10 @@ def test_reduced_sweep_runs_end_to_end(sweep_run):
 def test_resume_skips_finished_runs_and_refuses_a_used_directory(sweep_run, multi30k_dir):
     source, out, _ = sweep_run
     before = json.loads((out / "sweep.json").read_text())
+    finished = run_cli("recipe", "wmt-small-deen-l0", "--smoke", "--set", f"source={source}", "--data-dir",
+                       multi30k_dir, "--output", out, "--resume")
+    _one_line_error(finished, r"--resume: .* holds a finished run \(run_complete.json\); there is nothing to resume")
+    (out / "run_complete.json").unlink()  # a sweep stopped after its last gate run: the resume skips every run
     again = run_cli("recipe", "wmt-small-deen-l0", "--smoke", "--set", f"source={source}", "--data-dir",
                     multi30k_dir, "--output", out, "--resume")
     assert again.returncode == 0, again.stderr[-3000:]

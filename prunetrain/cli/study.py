@@ -56,10 +56,15 @@ ALPHA = typer.Option(0.01, help="Significance level: a change with p < alpha is 
 NUM_BATCHES = typer.Option(8, help="Training batches (64 sentences each) for head importance.")
 
 
-def _output(output: Optional[Path], name: str) -> Path:
+def _output(output: Optional[Path], name: str, **inputs: Optional[Path]) -> Path:
+    """The study's output directory: not a file, and never over, into or around what it reads (`inputs`, named
+    as the user typed them: model, --data-dir, ...)."""
+    from prunetrain.utils.output_paths import check_disjoint
+
     out = output if output is not None else Path("study") / name
     if out.exists() and not out.is_dir():
         raise UserError(f"--output: {str(out)!r} is a file, not a directory.")
+    check_disjoint(out, {key if key == "model" else "--" + key.replace("_", "-"): path for key, path in inputs.items()})
     return out
 
 
@@ -130,7 +135,7 @@ def ablate(model: Path = MODEL, data_dir: Path = DATA_DIR, split: str = SPLIT, s
     _threshold(threshold)
     test = _significance(bootstrap_samples, alpha)
     _check_data_dir(data_dir)
-    out = _output(output, "ablate")
+    out = _output(output, "ablate", model=model, data_dir=data_dir, tokenizer=tokenizer)
     net = _model(model)
     metric, settings = _bleu(model, tokenizer, data_dir, split, sentences, beams, batch_size, sentence_stats=True)
     result = ablate_each_head(net, metric, key="bleu", threshold=threshold, out_dir=out, args=settings, **test)
@@ -154,7 +159,7 @@ def one_head(model: Path = MODEL, data_dir: Path = DATA_DIR, split: str = SPLIT,
     test = _significance(bootstrap_samples, alpha)
     _check_data_dir(data_dir)
     previous = _read_ablation(ablation)
-    out = _output(output, "one-head")
+    out = _output(output, "one-head", model=model, data_dir=data_dir, tokenizer=tokenizer)
     net = _model(model)
     metric, settings = _bleu(model, tokenizer, data_dir, split, sentences, beams, batch_size, sentence_stats=True)
     try:
@@ -193,7 +198,8 @@ def cross_dataset(model: Path = MODEL, data_dir: Path = DATA_DIR, split: str = S
     _check_data_dir(data_dir)
     _check_data_dir(other_data_dir, "--other-data-dir")
     previous = _read_ablation(ablation)
-    out = _output(output, "cross-dataset")
+    out = _output(output, "cross-dataset", model=model, data_dir=data_dir, other_data_dir=other_data_dir,
+                  tokenizer=tokenizer)
     net = _model(model)
     first, settings_a = _bleu(model, tokenizer, data_dir, split, sentences, beams, batch_size, sentence_stats=True)
     if previous is not None:
@@ -235,7 +241,7 @@ def curves(model: Path = MODEL, data_dir: Path = DATA_DIR, split: str = SPLIT, s
     grid = _fractions(fractions)
     _threshold(threshold)
     _check_data_dir(data_dir)
-    out = _output(output, "curves")
+    out = _output(output, "curves", model=model, data_dir=data_dir, tokenizer=tokenizer)
     net = _model(model)
     metric, settings = _bleu(model, tokenizer, data_dir, split, sentences, beams, batch_size)
     batches = _importance_batches(model, tokenizer, data_dir, num_batches, net)
@@ -258,7 +264,7 @@ def per_kind(model: Path = MODEL, data_dir: Path = DATA_DIR, split: str = SPLIT,
     grid = _fractions(fractions)
     _threshold(threshold)
     _check_data_dir(data_dir)
-    out = _output(output, "per-kind")
+    out = _output(output, "per-kind", model=model, data_dir=data_dir, tokenizer=tokenizer)
     net = _model(model)
     metric, settings = _bleu(model, tokenizer, data_dir, split, sentences, beams, batch_size)
     batches = _importance_batches(model, tokenizer, data_dir, num_batches, net)
@@ -293,7 +299,7 @@ def speed(model: Path = MODEL, data_dir: Path = DATA_DIR, num_batches: int = NUM
     for mode in modes:
         check_choice("--generate", mode, GENERATE_MODES)
     _check_data_dir(data_dir)
-    out = _output(output, "speed")
+    out = _output(output, "speed", model=model, data_dir=data_dir, tokenizer=tokenizer)
     net = _model(model)
     batches = _importance_batches(model, tokenizer, data_dir, num_batches, net)
     result = speed_study(net, batches, fractions=grid, batch_sizes=sizes, seq_lens=lens, generate=modes or None,

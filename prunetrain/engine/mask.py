@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import json
 import numbers
+import warnings
 import weakref
 from pathlib import Path
 from typing import Iterable, Iterator, Mapping
@@ -58,6 +59,7 @@ class HeadMask:
         }
         self._handles: list = []
         self._model_ref: nn.Module | None = None
+        self._owner: object | None = None
         for name, keep in (values or {}).items():
             self[name] = keep
 
@@ -165,13 +167,26 @@ class HeadMask:
     def attached(self) -> bool:
         return bool(self._handles)
 
-    def attach(self, model: nn.Module) -> "HeadMask":
-        """Register one forward pre-hook per site on `model`'s output projections. Returns self."""
+    def attach(self, model: nn.Module, owner: object | None = None) -> "HeadMask":
+        """Register one forward pre-hook per site on `model`'s output projections. Returns self.
+
+        Args:
+            model: the model (DDP / accelerate wrappers are unwrapped).
+            owner: who keeps this mask on the model (a pruning callback). A mask attached while another owner's
+                mask is attached warns (`UserWarning`): both apply, so two pruning callbacks on one model would
+                each remove heads. Temporary masks (importance probes, curves) pass no owner.
+        """
         if self.attached:
             raise RuntimeError("HeadMask.attach: this mask is already attached; call detach() first.")
         model = unwrap_model(model)  # record it under the model itself, not a DDP / accelerate wrapper
         sites = attention_sites(model)
         self.check_matches(sites)
+        others = [m for m in _attached_masks(model) if owner is not None and m._owner not in (None, owner)]
+        if others:
+            warnings.warn(f"model: {type(owner).__name__} attaches a HeadMask while another "
+                          f"{type(others[0]._owner).__name__} keeps one attached; both apply (their product), so "
+                          f"heads are pruned by each. Use one pruning callback per model.", UserWarning, stacklevel=2)
+        self._owner = owner
         for site in sites:
             hook = _HeadScale(self._values[site.info.name], site.info.head_dim)
             self._handles.append(site.out_proj.register_forward_pre_hook(hook))
@@ -254,11 +269,15 @@ class HeadMask:
         return cls(layout, sites)
 
     @classmethod
-    def from_json(cls, text_or_path: str | Path, model_or_layout) -> "HeadMask":
+    def from_json(cls, text_or_path: str | Path, model_or_layout, argument: str = "mask") -> "HeadMask":
+        """A mask from JSON text or a JSON file (strict JSON: a damaged or deeply nested file is one ValueError
+        naming `argument` and the file)."""
+        from prunetrain.utils.files import parse_json, read_json
+
         text = str(text_or_path)
-        if not text.lstrip().startswith("{"):
-            text = Path(text_or_path).read_text()
-        return cls.from_dict(json.loads(text), model_or_layout)
+        if text.lstrip().startswith("{"):
+            return cls.from_dict(parse_json(text, argument), model_or_layout)
+        return cls.from_dict(read_json(Path(text_or_path), argument), model_or_layout)
 
     def state_dict(self) -> dict[str, torch.Tensor]:
         return {name: v.detach().clone() for name, v in self._values.items()}
@@ -283,14 +302,30 @@ def _scalar(x):
 
 
 def _keep_tensor(what: str, keep) -> torch.Tensor:
-    """Keep values as a flat float32 tensor; strings and other non-numbers are a ValueError."""
-    if isinstance(keep, (str, bytes)) or (isinstance(keep, (list, tuple))
-                                          and any(isinstance(x, (str, bytes)) for x in keep)):
-        raise ValueError(f"{what}: keep values must be numbers in [0, 1], got {keep!r}.")
+    """Keep values as a flat float32 tensor, from the same values `set()` takes: a flat list (or 1-d tensor) of real
+    numbers, or one number. Bools (True is not a keep value of 1), strings, nested lists and anything else are a
+    ValueError."""
+    def refuse():
+        shown = repr(keep)
+        return ValueError(f"{what}: keep values must be numbers in [0, 1], one per head in a flat list (no bools), "
+                          f"got {shown if len(shown) <= 80 else shown[:77] + '...'}.")
+
+    if isinstance(keep, (list, tuple)):
+        items = [_scalar(x) for x in keep]
+        if not all(isinstance(x, numbers.Real) and not isinstance(x, bool) for x in items):
+            raise refuse()
+        return torch.tensor([float(x) for x in items], dtype=torch.float32)
+    if isinstance(keep, numbers.Real) and not isinstance(keep, bool):
+        return torch.tensor([float(keep)], dtype=torch.float32)
+    if isinstance(keep, (str, bytes, bool, Mapping)):
+        raise refuse()
     try:
-        return torch.as_tensor(keep, dtype=torch.float32).detach().clone().reshape(-1)
+        tensor = torch.as_tensor(keep)
     except (TypeError, ValueError, RuntimeError):
-        raise ValueError(f"{what}: keep values must be numbers in [0, 1], got {keep!r}.") from None
+        raise refuse() from None
+    if tensor.dtype == torch.bool or tensor.is_complex() or tensor.dim() > 1:
+        raise refuse()
+    return tensor.detach().to(torch.float32).clone().reshape(-1)
 
 
 def _check_range(what: str, tensor: torch.Tensor) -> None:

@@ -16,8 +16,6 @@ from __future__ import annotations
 import copy
 import json
 import os
-import shutil
-import tempfile
 from pathlib import Path
 
 import torch
@@ -27,6 +25,7 @@ from prunetrain.engine.heads import LAYOUT_CONFIG_KEY, HeadLayout, find_heads, l
 from prunetrain.engine.mask import HeadMask, attached_masks
 from prunetrain.engine.remote_code import LAYOUT_FILE, PORTABLE_ATTENTION, mark_pruned, running_attention
 from prunetrain.engine.shrink import shrink
+from prunetrain.utils.output_paths import replace_directory, staging_directory
 
 
 def save_pruned(model: nn.Module, path: str | os.PathLike, overwrite: bool = False) -> Path:
@@ -54,19 +53,12 @@ def save_pruned(model: nn.Module, path: str | os.PathLike, overwrite: bool = Fal
     if path.exists() and (not path.is_dir() or any(path.iterdir())) and not overwrite:
         raise ValueError(f"path: {str(path)!r} already exists and is not empty; pass overwrite=True to replace it.")
     mark_pruned(model)  # the record every save_pretrained of a shrunk model writes, taken from the model as it is now
-    path.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{path.name}.", dir=path.parent))
-    try:
+    with staging_directory(path) as staging:  # the old directory stays whole until the new one is complete
         model.save_pretrained(staging)
         attn = running_attention(model.config)
         record = {**layout_record(model), "attn_implementation": attn}
         (staging / LAYOUT_FILE).write_text(json.dumps(record, indent=1))
-        if path.exists():
-            shutil.rmtree(path) if path.is_dir() else path.unlink()
-        staging.rename(path)
-    except BaseException:
-        shutil.rmtree(staging, ignore_errors=True)
-        raise
+        replace_directory(staging, path)  # rename aside, rename into place, remove the old (prunetrain.utils.output_paths)
     return path
 
 

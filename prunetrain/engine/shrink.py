@@ -12,7 +12,6 @@ the edits go through `prunetrain.engine.sharded.ShardedEditor` (gather, edit, sh
 
 from __future__ import annotations
 
-import weakref
 from typing import Literal
 
 import torch
@@ -26,8 +25,9 @@ from prunetrain.engine.sharded import ShardedEditor, is_sharded
 
 GQA_ROUNDING = ("error", "keep", "drop")
 
-_FOLDED: "weakref.WeakKeyDictionary[nn.Module, dict[str, torch.Tensor]]" = weakref.WeakKeyDictionary()
-"""Per shrunk model: the keep values its last `shrink` folded in, as they read on the shrunk layout."""
+FOLDED_CONFIG_KEY = "prunetrain_folded"
+"""Config record of the soft keep values the last `shrink` folded in ({site: {original head: value}}): saved with the
+config, so the guard against folding them twice holds across save/load, copies and separate commands."""
 
 
 class _OptimizerSlicer:
@@ -170,17 +170,22 @@ def shrink(
     setattr(model.config, LAYOUT_CONFIG_KEY, layout_record)
     track_headless_cache(model)
     mark_pruned(model)  # every later save_pretrained (Trainer checkpoints too) writes a pruned directory
-    if not all(bool((k == 1).all()) for k in keeps.values()):  # an all-ones mask changes nothing, record included
-        _FOLDED[model] = {site.info.name: keeps[site.info.name][positions] for site, positions in plans}
+    if any(bool(((keeps[s.info.name][p] != 0) & (keeps[s.info.name][p] != 1)).any()) for s, p in plans):
+        setattr(model.config, FOLDED_CONFIG_KEY, {  # soft values folded in: recorded by original head index
+            site.info.name: {str(site.info.heads[i]): float(keeps[site.info.name][i]) for i in positions.tolist()}
+            for site, positions in plans})
     return find_heads(model)
 
 
 def _refuse_second_fold(model: nn.Module, keeps: dict[str, torch.Tensor]) -> None:
     """A soft mask equal to the one the last `shrink` folded into this model would scale the same heads again."""
-    folded = _FOLDED.get(model)
-    if folded is None or set(folded) != set(keeps):
+    record = getattr(model.config, FOLDED_CONFIG_KEY, None)
+    if not isinstance(record, dict) or set(record) != set(keeps) or not all(isinstance(v, dict) for v in
+                                                                          record.values()):
         return
-    same = all(folded[n].shape == keeps[n].shape and torch.equal(folded[n], keeps[n]) for n in keeps)
+    heads = {site.name: site.heads for site in find_heads(model)}
+    same = all({str(h): float(v) for h, v in zip(heads[n], keeps[n].tolist()) if v != 0} ==
+               {h: v for h, v in record[n].items() if v != 0} for n in keeps)
     soft = any(bool(((v != 0) & (v != 1)).any()) for v in keeps.values())
     if same and soft:
         raise ValueError("mask: this model was already shrunk with these soft keep values, which are now folded into "

@@ -34,10 +34,16 @@ def load_run(path: str | Path) -> dict:
     results = path / "results.json"
     if not results.is_file():
         raise ValueError(f"run: {str(path)!r} has no results.json; give the directory of a finished recipe run.")
-    data = json.loads(results.read_text())
+    from prunetrain.utils.files import read_json
+
+    data = read_json(results, "run")  # strict JSON object; a damaged file is named
     if "bleu_over_training" not in data:
         raise ValueError(f"run: {str(path)!r} was written by an older prunetrain without BLEU over training; "
                          f"run the recipe again to compare it.")
+    records = data["bleu_over_training"]
+    if not isinstance(records, list) or not all(isinstance(r, dict) for r in records):
+        raise ValueError(f"run: {str(results)!r} field 'bleu_over_training' is not a list of records; the file is "
+                         f"damaged.")
     return data
 
 

@@ -28,6 +28,7 @@ SPECIAL_TOKENS = (PAD_TOKEN, EOS_TOKEN, UNK_TOKEN)
 PAD_ID, EOS_ID, UNK_ID = 0, 1, 2
 DECODER_START_ID = PAD_ID  # Marian starts decoding from the pad token
 DATA_ENV = "PRUNETRAIN_DATA"
+MAX_POSITIONS = 512  # marian_config's positions: the longest sentence (in tokens) the recipes' model can encode
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -105,11 +106,9 @@ def format_lines(lines: Sequence[str]) -> str:
 
 def write_lines(path: str | os.PathLike, lines: Sequence[str]) -> Path:
     """Write `lines` as UTF-8 (`format_lines`), via a temporary file renamed into place (never half-written)."""
-    path = Path(path)
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(format_lines(lines), encoding="utf-8", newline="")
-    tmp.replace(path)
-    return path
+    from prunetrain.utils.output_paths import write_file
+
+    return write_file(path, format_lines(lines))  # a temporary file removed at any error or signal
 
 
 def _read_lines(path: Path) -> list[str]:
@@ -422,7 +421,7 @@ def _special_ids(tokenizer) -> dict:
 
 
 def marian_config(vocab_size_or_tokenizer=8000, *, d_model: int = 256, ffn_dim: int = 1024, layers: int = 6,
-                  heads: int = 8, max_position_embeddings: int = 512, dropout: float = 0.1,
+                  heads: int = 8, max_position_embeddings: int = MAX_POSITIONS, dropout: float = 0.1,
                   attention_dropout: float = 0.0, activation_dropout: float = 0.0, activation_function: str = "relu",
                   attn_implementation: str | None = None, **overrides):
     """A `MarianConfig` for a Transformer trained from scratch with a tokenizer from `train_tokenizer`.

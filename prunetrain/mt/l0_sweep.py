@@ -154,11 +154,16 @@ def run_gate_sweep(recipe: GateSweepRecipe, out_dir: str | Path, *, data_dir: st
     from prunetrain.mt.runner import load_pairs
     from prunetrain.mt.translation import evaluate_bleu, load_model_tokenizer, load_translation_model
 
+    from prunetrain.mt.run_record import data_record, recipe_inputs, with_data_dir
+
     out_dir = Path(out_dir)
+    recipe = with_data_dir(recipe, data_dir)  # --data-dir is data.dir: recipe.yaml names what is read
     model_dir = check_model_dir(source_model_dir(recipe.source), "source")
     tokenizer = load_model_tokenizer(model_dir)
-    train_pairs, valid_pairs, _ = load_pairs(recipe, data_dir)  # everything checked before the output is touched
-    prepare_output_dir(out_dir, recipe, resume=resume, overwrite=overwrite, progress=progress)
+    pairs = load_pairs(recipe, None)  # everything checked before the output is touched
+    train_pairs, valid_pairs, _ = pairs
+    prepare_output_dir(out_dir, recipe, resume=resume, overwrite=overwrite, progress=progress,
+                       inputs=recipe_inputs(recipe), data=data_record(recipe, pairs))
     started = time.time()
     train_set = D.build_dataset(train_pairs, tokenizer, max_length=recipe.data.max_length)
     valid_pairs = valid_pairs[: recipe.eval.sentences]

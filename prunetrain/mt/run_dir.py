@@ -3,22 +3,23 @@
 A run directory holds `recipe.yaml` (`RUN_MARKER`, written when the run starts) and, once every result is written,
 `run_complete.json` (`COMPLETE_MARKER`, written last). So a failed or interrupted run never blocks the next one:
 
-- a *finished* run (complete marker) is kept unless `--overwrite` (or continued with `--resume`, a no-op);
+- a *finished* run (complete marker) is kept unless `--overwrite`; `--resume` refuses it (there is nothing to
+  resume, and its results stay as they were written);
 - an *unfinished* run with nothing to resume (no `checkpoint-*`, no finished sweep run) is replaced by a re-run;
 - an unfinished run with checkpoints is kept for `--resume` (or replaced with `--overwrite`);
-- `--resume` refuses a recipe that differs from the stored `recipe.yaml` (naming the keys) and never rewrites it;
-- a directory that holds other files (no `recipe.yaml`) is never deleted without `--overwrite`.
+- `--resume` refuses a recipe that differs from the stored `recipe.yaml` (naming the keys) and data that differ from
+  the stored `data_record.json` (`prunetrain.mt.run_record`), and never rewrites either;
+- a directory that holds other files (no `recipe.yaml`) is never deleted, not even with `--overwrite`, and the run
+  directory is never one of the run's inputs, inside one or holding one (`prunetrain.utils.output_paths`);
+- replacing a run removes the old directory so that it is whole or gone at any signal.
 """
 
 from __future__ import annotations
 
 import json
-import shutil
 import time
 from pathlib import Path
-from typing import Callable
-
-import yaml
+from typing import Callable, Mapping
 
 RUN_MARKER = "recipe.yaml"
 COMPLETE_MARKER = "run_complete.json"
@@ -56,50 +57,51 @@ def recipe_differences(stored: dict, wanted: dict) -> list[str]:
 def stored_recipe(out_dir: str | Path, argument: str = "--resume") -> dict:
     """The raw mapping of `out_dir/recipe.yaml` (ValueError naming `argument` and the file if it is not a YAML
     mapping)."""
-    path = Path(out_dir) / RUN_MARKER
-    try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8"))
-    except (yaml.YAMLError, UnicodeDecodeError) as err:
-        raise ValueError(f"{argument}: {str(path)!r} is not valid YAML ({err.__class__.__name__}).") from None
-    if not isinstance(data, dict):
-        raise ValueError(f"{argument}: {str(path)!r} does not hold a recipe mapping.")
-    return data
+    from prunetrain.mt.recipe_yaml import load_recipe_mapping
+    from prunetrain.utils.files import check_regular_file
+
+    path = check_regular_file(Path(out_dir) / RUN_MARKER, argument)
+    return load_recipe_mapping(path.read_bytes(), f"{argument}: {str(path)!r}")
 
 
 def prepare_output_dir(out_dir: str | Path, recipe, *, resume: bool, overwrite: bool,
-                       progress: Callable[[str], None] = print) -> None:
+                       progress: Callable[[str], None] = print, inputs: Mapping[str, object] | None = None,
+                       data: dict | None = None) -> None:
     """Check that `out_dir` may take a run of `recipe` and make it ready; call it only once everything else is valid.
 
     Args:
         out_dir: the run directory.
         recipe: the validated recipe (a dataclass with `to_dict`), written to `recipe.yaml` unless resuming.
-        resume: continue the unfinished run in `out_dir` (its stored recipe must equal `recipe`).
-        overwrite: delete whatever `out_dir` holds first.
-        progress: receives one line when an unfinished run is replaced.
+        resume: continue the unfinished run in `out_dir` (its stored recipe, and data, must equal these).
+        overwrite: replace the run `out_dir` holds.
+        progress: receives one line when an unfinished run is replaced or a resume cannot check its data.
+        inputs: {recipe key: path} the run reads (`prunetrain.mt.run_record.recipe_inputs`); `out_dir` must not
+            be one of them, lie inside one or hold one.
+        data: what the run reads (`prunetrain.mt.run_record.data_record`), written to `data_record.json` (or, when
+            resuming, compared with it).
     """
     from prunetrain.mt.recipe import recipe_to_yaml
+    from prunetrain.mt.run_record import check_data_record, write_data_record
+    from prunetrain.utils.output_paths import check_disjoint, remove_directory, write_file
 
     out_dir = Path(out_dir)
     if resume and overwrite:
         raise ValueError("--resume and --overwrite: choose one (resume continues the run, overwrite deletes it).")
+    check_disjoint(out_dir, inputs or {}, flag="--output")
     if out_dir.exists() and not out_dir.is_dir():
         raise ValueError(f"--output: {str(out_dir)!r} is a file, not a run directory.")
     holds_files = out_dir.is_dir() and any(out_dir.iterdir())
     holds_run = (out_dir / RUN_MARKER).is_file()
     if resume:
-        if not holds_run:
-            raise ValueError(f"--resume: {str(out_dir)!r} holds no run to resume (no {RUN_MARKER}).")
-        differing = recipe_differences(stored_recipe(out_dir), recipe.to_dict())
-        if differing:
-            raise ValueError(f"--resume: the recipe differs from the one {str(out_dir)!r} was started with in "
-                             f"{', '.join(differing)}; resume with the same recipe, or use --overwrite or another "
-                             f"--output.")
-        (out_dir / COMPLETE_MARKER).unlink(missing_ok=True)  # finished again only when the resumed run finishes
-        return  # recipe.yaml is the run's record: never rewritten
+        _check_resume(out_dir, recipe, holds_run)
+        warning = check_data_record(out_dir, data) if data is not None else None
+        if warning:
+            progress(warning)
+        return  # recipe.yaml and data_record.json are the run's record: never rewritten
+    if holds_files and not holds_run:
+        raise ValueError(f"--output: {str(out_dir)!r} is not empty and holds no prunetrain run (no {RUN_MARKER}); "
+                         f"choose another --output (--overwrite replaces only run directories prunetrain wrote).")
     if holds_files and not overwrite:
-        if not holds_run:
-            raise ValueError(f"--output: {str(out_dir)!r} is not empty and holds no prunetrain run; pass --overwrite "
-                             f"to delete it or choose another --output.")
         if is_complete(out_dir):
             raise ValueError(f"--output: {str(out_dir)!r} already holds a finished run; pass --overwrite to replace "
                              f"it or choose another --output.")
@@ -108,18 +110,33 @@ def prepare_output_dir(out_dir: str | Path, recipe, *, resume: bool, overwrite: 
             raise ValueError(f"--output: {str(out_dir)!r} holds an unfinished run with {parts[-1].relative_to(out_dir)}"
                              f"; pass --resume to continue it or --overwrite to replace it.")
         progress(f"output: {out_dir} holds an unfinished run with nothing to resume; replacing it")
-        overwrite = True
-    if overwrite and out_dir.exists():
-        shutil.rmtree(out_dir)
+    if holds_files:
+        remove_directory(out_dir)  # whole or gone at any signal
     out_dir.mkdir(parents=True, exist_ok=True)
-    (out_dir / RUN_MARKER).write_text(recipe_to_yaml(recipe), encoding="utf-8")
+    write_file(out_dir / RUN_MARKER, recipe_to_yaml(recipe))
+    if data is not None:
+        write_data_record(out_dir, data)
+
+
+def _check_resume(out_dir: Path, recipe, holds_run: bool) -> None:
+    """`--resume` continues an unfinished run of the same recipe, nothing else."""
+    if not holds_run:
+        raise ValueError(f"--resume: {str(out_dir)!r} holds no run to resume (no {RUN_MARKER}).")
+    differing = recipe_differences(stored_recipe(out_dir), recipe.to_dict())
+    if differing:
+        raise ValueError(f"--resume: the recipe differs from the one {str(out_dir)!r} was started with in "
+                         f"{', '.join(differing)}; resume with the same recipe, or use --overwrite or another "
+                         f"--output.")
+    if is_complete(out_dir):
+        raise ValueError(f"--resume: {str(out_dir)!r} holds a finished run ({COMPLETE_MARKER}); there is nothing to "
+                         f"resume and its results stay as written. Pass --overwrite to run it again, or choose "
+                         f"another --output.")
 
 
 def mark_complete(out_dir: str | Path, summary: dict | None = None) -> Path:
     """Write `COMPLETE_MARKER` (last, after every result): the run in `out_dir` is finished."""
-    path = Path(out_dir) / COMPLETE_MARKER
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps({"finished_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-                               **(summary or {})}, indent=1))
-    tmp.replace(path)
-    return path
+    from prunetrain.utils.output_paths import write_file
+
+    return write_file(Path(out_dir) / COMPLETE_MARKER,
+                      json.dumps({"finished_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+                                  **(summary or {})}, indent=1))

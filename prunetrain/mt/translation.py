@@ -258,12 +258,19 @@ def evaluate_bleu(model: nn.Module, tokenizer, pairs: Sequence[tuple[str, str]],
 
 
 def save_translation_model(model: nn.Module, tokenizer, path: str | os.PathLike, overwrite: bool = False) -> Path:
-    """`prunetrain.save_pruned(model, path)` then the tokenizer into the same directory (what
-    `evaluate_directory` reads). Works for full and pruned models."""
+    """`prunetrain.save_pruned(model, path)` and the tokenizer into the same directory (what `evaluate_directory`
+    reads), both written into one staging directory that replaces `path` only when complete (an existing non-empty
+    `path` needs `overwrite=True`; it stays whole until then). Works for full and pruned models."""
     from prunetrain.engine.persist import save_pruned
+    from prunetrain.utils.output_paths import replace_directory, staging_directory
 
-    path = save_pruned(model, path, overwrite=overwrite)
-    tokenizer.save_pretrained(path)
+    path = Path(path)
+    if path.exists() and (not path.is_dir() or any(path.iterdir())) and not overwrite:
+        raise ValueError(f"path: {str(path)!r} already exists and is not empty; pass overwrite=True to replace it.")
+    with staging_directory(path) as staging:
+        save_pruned(model, staging / "model")
+        tokenizer.save_pretrained(staging / "model")
+        replace_directory(staging / "model", path)
     return path
 
 
@@ -306,7 +313,29 @@ def load_model_tokenizer(model_path: str | os.PathLike, tokenizer_path: str | os
     """
     from prunetrain.mt.data import load_tokenizer
 
-    return load_tokenizer(Path(tokenizer_path) if tokenizer_path is not None else find_tokenizer_dir(model_path))
+    tokenizer = load_tokenizer(Path(tokenizer_path) if tokenizer_path is not None else find_tokenizer_dir(model_path))
+    check_tokenizer_fits(tokenizer, model_path, "--tokenizer" if tokenizer_path is not None else "tokenizer")
+    return tokenizer
+
+
+def check_tokenizer_fits(tokenizer, model_path: str | os.PathLike, argument: str = "tokenizer") -> None:
+    """A tokenizer whose ids reach past the model's vocabulary (`vocab_size` in its config.json) is another
+    model's: refused before any id is looked up in the embedding.
+
+    Args:
+        tokenizer: the loaded tokenizer.
+        model_path: the model directory (its config.json is read; without one nothing is checked).
+        argument: how the message names the tokenizer.
+    """
+    from prunetrain.engine.model_dir import CONFIG_FILE, config_dict
+
+    if not (Path(model_path) / CONFIG_FILE).is_file():
+        return
+    config = config_dict(model_path)
+    vocab = config.get("vocab_size")
+    if isinstance(vocab, int) and len(tokenizer) > vocab:
+        raise ValueError(f"{argument}: it has {len(tokenizer)} tokens but the model in {str(model_path)!r} has a "
+                         f"vocabulary of {vocab} (config.json vocab_size); it is another model's tokenizer.")
 
 
 def evaluate_directory(model_path: str | os.PathLike, data_dir: str | os.PathLike, split: str = "test", *,
@@ -334,5 +363,5 @@ def evaluate_directory(model_path: str | os.PathLike, data_dir: str | os.PathLik
     return result
 
 
-__all__ = ["evaluate_bleu", "evaluate_directory", "find_tokenizer_dir", "load_model_tokenizer", "load_translation_model",
+__all__ = ["check_tokenizer_fits", "evaluate_bleu", "evaluate_directory", "find_tokenizer_dir", "load_model_tokenizer", "load_translation_model",
            "save_translation_model", "score_translations", "translate"]

@@ -14,7 +14,7 @@ import math
 from dataclasses import dataclass
 from typing import Iterable, Mapping
 
-from prunetrain.utils.validate import check_amount
+from prunetrain.utils.validate import check_amount, check_amount_convention
 
 
 @dataclass(frozen=True)
@@ -101,16 +101,22 @@ def check_amount_schedule(argument: str, schedule: Mapping, unit: str) -> dict:
             raise ValueError(f"{argument}[{key}]: {amount!r} is less than the {previous!r} pruned before; the "
                              f"schedule gives cumulative amounts, and pruned heads do not come back.")
         previous = amount
+    check_amount_convention(f"{argument} {dict(schedule)!r}", schedule.values())  # 1 is a head, 1.0 all of them
     return dict(schedule)
 
 
-def amount_decreases(earlier, later) -> bool:
+def amount_decreases(earlier, later, total: int | None = None) -> bool:
     """Whether a cumulative amount goes back: same-typed amounts that decrease, or a per-kind amount {kind: amount}
-    that decreases (or drops) a kind the earlier one pruned. Amounts of different types are not comparable here."""
+    that decreases (or drops) a kind the earlier one pruned. A fraction and a count are compared as the head counts
+    they mean out of `total` heads (rounded half up, as `select_heads`); without `total` they are not comparable."""
     if isinstance(earlier, Mapping) or isinstance(later, Mapping):
         if not (isinstance(earlier, Mapping) and isinstance(later, Mapping)):
             return False
         return any(kind not in later or amount_decreases(value, later[kind]) for kind, value in earlier.items())
+    if type(earlier) is not type(later) and total is not None:
+        def count(amount):
+            return amount if isinstance(amount, int) else int(math.floor(amount * total + 0.5 + 1e-9))
+        return count(later) < count(earlier)
     return type(earlier) is type(later) and later < earlier
 
 

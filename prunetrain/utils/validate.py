@@ -83,6 +83,17 @@ def check_amount(argument: str, amount: Any) -> int | float:
     return amount
 
 
+def check_amount_convention(argument: str, amounts: Iterable[Any]) -> None:
+    """One convention for a schedule's amounts (a float a fraction, an int a count), made unambiguous: in a schedule
+    that also holds fractions, an int 1 could be meant as "all of them" — it is refused (write 1.0 for all heads, or
+    give every amount as a count). Other mixes are clear (2, 12, ... can only be counts) and are ordered by the head
+    counts they mean (`prunetrain.training.points.amount_decreases`)."""
+    plain = [a for a in amounts if isinstance(a, (int, float)) and not isinstance(a, bool)]
+    if any(isinstance(a, float) and a != 0 for a in plain) and any(isinstance(a, int) and a == 1 for a in plain):
+        raise ValueError(f"{argument}: mixes fractions (floats) with the count 1, which is one head, not all of "
+                         f"them; write 1.0 for all heads, or give every amount as a count.")
+
+
 def check_kinds(argument: str, kinds: Any, allowed: Sequence[str]) -> list[str] | None:
     """None (all kinds), one kind or a non-empty list of kinds, each one of `allowed` (the attention kinds)."""
     if kinds is None:
