@@ -3,13 +3,14 @@
 Every input is checked before any work or any write, and errors in what the user gave (unknown recipe or key, a
 value out of range, missing or damaged files, an output directory that already holds something, ...) are one line
 on stderr naming the flag or recipe key, with exit code 2 and no traceback (`PRUNETRAIN_DEBUG=1` re-raises the
-original exception instead).
+original exception instead). Where a command may write, and what it may replace, is decided in one place
+(`prunetrain.utils.output_paths`): never over, into or around what it reads; `--overwrite` replaces only prunetrain's
+own directories, crash-safe at any signal. Model directories are read by `prunetrain.engine.model_dir` only.
 """
 
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import sys
 from pathlib import Path
@@ -17,26 +18,30 @@ from typing import List, Optional
 
 import typer
 
+from prunetrain.utils import output_paths
 from prunetrain.utils.validate import check_choice, check_fractions, check_int
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
                   help="Prune attention heads during training of transformer models (Michel et al. 2019, "
                        "Voita et al. 2019).")
 TOKENIZER_HELP = "Tokenizer directory, when it is not inside the model directory (never guessed from elsewhere)."
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")
+TOKENIZER_ENTRIES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "added_tokens.json",
+                     "vocab.json", "merges.txt", "chat_template.jinja", "tokenizer")
+"""What `shrink` carries from the model directory into the shrunk one (besides `*.model` sentencepiece files)."""
 
 
 class UserError(Exception):
     """A mistake in the user's input: reported in one line, exit code 2."""
 
 
-def _emit(result: dict, output: Optional[Path]) -> None:
-    text = json.dumps(result, indent=1, default=str)
+def _emit(result: dict, output: Optional[Path], what: str = "result") -> None:
+    """Print `result` as standard JSON (a NaN is an error naming its key, never a `NaN` token) and write it to
+    `output` (checked by the command before any work) atomically."""
+    from prunetrain.utils.files import dumps_strict
+
+    text = dumps_strict(result, what, indent=1, default=str)
     if output is not None:
-        _check_output_file(output)
-        tmp = output.with_name(f".{output.name}.tmp")
-        tmp.write_text(text)
-        tmp.replace(output)
+        output_paths.write_file(output, text)
     typer.echo(text)
 
 
@@ -47,20 +52,23 @@ def _progress(message: str) -> None:
 # -------------------------------------------------------------------------------------------------------------------
 # checks of what the user gave, made before any work (each names its flag)
 # -------------------------------------------------------------------------------------------------------------------
-def _check_output_file(output: Path, flag: str = "--output") -> None:
-    """A file may be written at `output`: not a directory, and its directory exists."""
-    if output.is_dir():
-        raise UserError(f"{flag}: {str(output)!r} is a directory; give a file path.")
-    if not output.parent.is_dir():
-        raise UserError(f"{flag}: the directory {str(output.parent)!r} does not exist; create it first.")
+def _check_output_file(output: Path, flag: str = "--output", **inputs: Optional[Path]) -> None:
+    """A file may be written at `output`: not a directory, its directory exists, and it is none of `inputs`
+    (`name=path`, underscores spell dashes) nor inside one of them."""
+    output_paths.check_output_file(output, flag=flag, inputs=_named(inputs))
 
 
-def _check_output_dir(output: Path, overwrite: bool, flag: str = "--output") -> None:
-    """A model directory may be written at `output` (empty or absent, or `--overwrite`)."""
-    if output.exists() and not output.is_dir():
-        raise UserError(f"{flag}: {str(output)!r} is a file, not a directory.")
-    if output.is_dir() and any(output.iterdir()) and not overwrite:
-        raise UserError(f"{flag}: {str(output)!r} already exists and is not empty; pass --overwrite to replace it.")
+def _check_output_dir(output: Path, overwrite: bool, flag: str = "--output", in_place: Optional[str] = None,
+                      **inputs: Optional[Path]) -> None:
+    """A directory may be written at `output`: absent or empty, or with `--overwrite` one prunetrain wrote; never
+    one of `inputs`, inside one or holding one (except the input named `in_place`, replaced with --overwrite)."""
+    output_paths.check_output_dir(output, overwrite=overwrite, flag=flag, inputs=_named(inputs), in_place=in_place)
+
+
+def _named(inputs: dict) -> dict:
+    """{"model": p, "data_dir": q} -> {"model": p, "--data-dir": q} (how the user typed them)."""
+    return {(name if name in ("model", "model_a", "model_b", "source") else "--" + name.replace("_", "-")): path
+            for name, path in inputs.items()}
 
 
 def _check_data_dir(data_dir: Path, flag: str = "--data-dir") -> Path:
@@ -73,6 +81,19 @@ def _model(path: Path, argument: str = "model"):
     from prunetrain.engine.model_dir import load_model_dir
 
     return load_model_dir(path, argument=argument)
+
+
+def _translation_model_dir(path: Path, argument: str = "model") -> Path:
+    """A checked model directory whose config is an encoder-decoder (translation) model."""
+    from prunetrain.engine.model_dir import check_model_dir, config_dict
+
+    check_model_dir(path, argument)
+    config = config_dict(path, argument)
+    if not config.get("is_encoder_decoder"):
+        kind = (config.get("architectures") or [config.get("model_type")])[0]
+        raise UserError(f"{argument}: {str(path)!r} holds a {kind}, not a translation (encoder-decoder) model; this "
+                        f"command translates parallel text with it.")
+    return path
 
 
 def _tokenizer(model: Path, tokenizer: Optional[Path]):
@@ -137,6 +158,11 @@ def recipe(
         raise UserError("--resume and --overwrite: choose one (resume continues the run, overwrite deletes it).")
     overrides = (_smoke_overrides(name) if smoke else []) + list(set_)
     config = load_recipe(name, overrides)  # fully validated: types, ranges and cross-field rules
+    from prunetrain.mt.run_checks import check_with_local_data
+    from prunetrain.mt.run_record import with_data_dir
+
+    config = with_data_dir(config, data_dir)  # --data-dir is data.dir: recipe.yaml and results.json record it
+    check_with_local_data(config)  # what the run checks against its data, where the data is here already
     if show:
         typer.echo(recipe_to_yaml(config))
         return
@@ -178,16 +204,22 @@ def recipe(
 def compare(
     runs: List[Path] = typer.Argument(..., help="Finished recipe run directories; the first is the reference."),
     output: Path = typer.Option(..., help="New directory for compare.md, compare.json and compare.png."),
-    names: Optional[str] = typer.Option(None, help="Comma-separated run names (default: the directory names)."),
+    names: Optional[str] = typer.Option(None, help="Comma-separated run names (default: the directory names); runs "
+                                                   "sharing a name are seeds of one arm (mean ± sd, paired tests)."),
+    bootstrap_samples: int = typer.Option(1000, help="Resamples of the paired bootstrap between final models."),
 ):
-    """Recipe runs side by side: BLEU at equal steps and at equal training time, speed, heads (e.g. pruning during
-    training vs pruning off)."""
+    """Recipe runs side by side: BLEU at equal training FLOPs, equal steps and equal training time, seeds as mean ±
+    sd, paired bootstrap between final models, speed, heads (e.g. pruning during training vs pruning off)."""
     from prunetrain.mt.compare import comparison_markdown, write_comparison
 
+    _positive(bootstrap_samples=bootstrap_samples)
+    output_paths.check_disjoint(output, {f"run {str(run)!r}": run for run in runs})  # never into or around a run
     labels = [n.strip() for n in names.split(",")] if names else None
-    result = write_comparison(runs, output, labels)
+    result = write_comparison(runs, output, labels, samples=bootstrap_samples)
     typer.echo(comparison_markdown(result), err=True)
-    _emit({"output": str(output), "equal_steps": result["equal_steps"], "equal_time": result["equal_time"]}, None)
+    _emit({"output": str(output), "arms": result["arms"], "equal_flops": result["equal_flops"],
+           "paired_tests": result["paired_tests"], "equal_steps": result["equal_steps"],
+           "equal_time": result["equal_time"]}, None)
 
 
 def _smoke_overrides(name: str) -> list[str]:
@@ -221,19 +253,18 @@ def evaluate(
     output: Optional[Path] = typer.Option(None, help="Write the JSON here too."),
 ):
     """sacreBLEU (with signature) and chrF of a saved model on a parallel text directory."""
-    from prunetrain.engine.model_dir import check_model_dir
     from prunetrain.mt.translation import evaluate_directory
 
     _positive(beams=beams, batch_size=batch_size, **({"limit": limit} if limit is not None else {}))
-    check_model_dir(model)
+    _translation_model_dir(model)
     _check_data_dir(data_dir)
     if output is not None:
-        _check_output_file(output)
+        _check_output_file(output, model=model, data_dir=data_dir, tokenizer=tokenizer)
     if tokenizer is not None:
         _tokenizer(model, tokenizer)
     result = evaluate_directory(model, data_dir, split, src=src, tgt=tgt, limit=limit, num_beams=beams,
                                 batch_size=batch_size, autocast_bf16=bf16, tokenizer_path=tokenizer)
-    _emit({k: v for k, v in result.items() if k != "hypotheses"}, output)
+    _emit({k: v for k, v in result.items() if k != "hypotheses"}, output, "evaluate")
 
 
 @app.command()
@@ -247,13 +278,12 @@ def translate(
     """Translate a file line by line: line i of the output is the translation of line i of the input (lines end at
     `\\n` only; a line break inside a translation becomes a space)."""
     from prunetrain.mt.data import decode_utf8, format_lines, read_lines, split_lines, write_lines
-    from prunetrain.engine.model_dir import check_model_dir
     from prunetrain.mt.translation import translate as run_translate
 
     _positive(beams=beams, batch_size=batch_size)
-    check_model_dir(model)
+    _translation_model_dir(model)
     if output is not None:
-        _check_output_file(output)
+        _check_output_file(output, model=model, input=input, tokenizer=tokenizer)
     if str(input) == "-":
         lines = split_lines(decode_utf8(sys.stdin.buffer.read(), "--input: stdin"))
     else:
@@ -300,13 +330,14 @@ def importance(
 
     _positive(num_batches=num_batches, batch_size=batch_size)
     check_choice("--scorer", scorer, tuple(SCORERS))
+    _translation_model_dir(model)
     _check_data_dir(data_dir)
     if output is not None:
-        _check_output_file(output)
+        _check_output_file(output, model=model, data_dir=data_dir, tokenizer=tokenizer)
     score = get_scorer(scorer)
     net = _model(model)
     _, _, batches = _translation_batches(model, tokenizer, data_dir, split, num_batches, batch_size, net)
-    _emit(score(net, batches).to_dict(), output)
+    _emit(score(net, batches).to_dict(), output, "importance")
 
 
 @app.command()
@@ -321,9 +352,11 @@ def prune(
     scope: str = typer.Option("global", help="global | layer | kind"),
     min_heads_per_layer: int = typer.Option(1),
     tokenizer: Optional[Path] = typer.Option(None, help=TOKENIZER_HELP),
-    overwrite: bool = typer.Option(False, help="Replace --output if it holds files (it may be the model itself)."),
+    overwrite: bool = typer.Option(False, help="Replace --output if it holds a model prunetrain wrote (it may be the "
+                                               "model itself); the old one stays whole until the new one is "
+                                               "complete."),
 ):
-    """Prune the least important heads of a saved model and save it shrunk (with its tokenizer)."""
+    """Prune the least important heads of a saved model and save it shrunk (with its tokenizer and mask.json)."""
     from prunetrain.engine.shrink import shrink as do_shrink
     from prunetrain.methods.importance import head_importance
     from prunetrain.methods.selection import select_heads
@@ -335,14 +368,17 @@ def prune(
     check_choice("--scope", scope, ("global", "layer", "kind"))
     value = _amount(amount, count)
     check_amount("--amount", value)
+    _translation_model_dir(model)
     _check_data_dir(data_dir)
-    _check_output_dir(output, overwrite)
+    _check_output_dir(output, overwrite, in_place="model", model=model, data_dir=data_dir, tokenizer=tokenizer)
     net = _model(model)
     tok, _, batches = _translation_batches(model, tokenizer, data_dir, split, num_batches, batch_size, net)
     mask = select_heads(head_importance(net, batches), value, scope=scope, min_heads_per_layer=min_heads_per_layer)
     layout = do_shrink(net, mask)
-    save_translation_model(net, tok, output, overwrite=True)  # staged and renamed: safe when output == model
-    mask.to_json(Path(output) / "mask.json")
+    with output_paths.staging_directory(output) as staging:  # everything read; output may be the model itself
+        save_translation_model(net, tok, staging / "model")
+        mask.to_json(staging / "model" / "mask.json")
+        output_paths.replace_directory(staging / "model", output)  # the old one whole until the new one is
     _emit({"output": str(output), "heads_kept": layout.total_heads, "per_kind": layout.heads_per_kind()}, None)
 
 
@@ -359,30 +395,40 @@ def shrink(
     model: Path = typer.Argument(..., help="A saved model directory."),
     mask: Path = typer.Option(..., help="HeadMask JSON (site -> keep list), e.g. from prune or a callback."),
     output: Path = typer.Option(..., help="Directory for the shrunk model."),
-    overwrite: bool = typer.Option(False, help="Replace --output if it holds files (it may be the model itself)."),
+    overwrite: bool = typer.Option(False, help="Replace --output if it holds a model prunetrain wrote (it may be the "
+                                               "model itself); the old one stays whole until the new one is "
+                                               "complete."),
 ):
-    """Physically remove the heads a mask zeroes and save the result (tokenizer copied along if present)."""
+    """Physically remove the heads a mask zeroes and save the result (the tokenizer's files copied along)."""
     from prunetrain.engine.mask import HeadMask
+    from prunetrain.engine.model_dir import check_model_dir
     from prunetrain.engine.persist import save_pruned
     from prunetrain.engine.shrink import shrink as do_shrink
-    from prunetrain.engine.model_dir import check_model_dir
+    from prunetrain.utils.files import read_json
 
     check_model_dir(model)
-    if not mask.is_file():
-        raise UserError(f"--mask: {str(mask)!r} is not a file.")
-    _check_output_dir(output, overwrite)
-    try:
-        json.loads(mask.read_text(encoding="utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as err:
-        raise UserError(f"--mask: {str(mask)!r} is not valid JSON ({err.__class__.__name__}).") from err
-    tokenizer_files = {name: (model / name).read_bytes() for name in TOKENIZER_FILES if (model / name).is_file()}
+    read_json(mask, "--mask")  # a regular file holding a strict JSON object
+    _check_output_dir(output, overwrite, in_place="model", model=model, mask=mask)
     net = _model(model)
-    keep = HeadMask.from_json(mask, net)
+    keep = HeadMask.from_json(mask, net, argument="--mask")
     layout = do_shrink(net, keep)
-    save_pruned(net, output, overwrite=True)  # staged and renamed; the tokenizer was read before (output may be model)
-    for name, data in tokenizer_files.items():
-        (Path(output) / name).write_bytes(data)
+    with output_paths.staging_directory(output) as staging:  # everything read; output may be the model itself
+        save_pruned(net, staging / "model")
+        _copy_tokenizer(model, staging / "model")
+        output_paths.replace_directory(staging / "model", output)  # the old one whole until the new one is
     _emit({"output": str(output), "heads_kept": layout.total_heads, "per_kind": layout.heads_per_kind()}, None)
+
+
+def _copy_tokenizer(model: Path, target: Path) -> None:
+    """The tokenizer's files and folder of a model directory, copied into `target`."""
+    import shutil
+
+    for item in sorted(model.iterdir()):
+        if item.name in TOKENIZER_ENTRIES or (item.suffix == ".model" and item.is_file()):
+            if item.is_dir():
+                shutil.copytree(item, target / item.name)
+            else:
+                shutil.copy2(item, target / item.name)
 
 
 @app.command()
@@ -406,9 +452,10 @@ def curve(
     _positive(sentences=sentences, beams=beams, batch_size=batch_size, num_batches=num_batches)
     check_choice("--order", order, ORDERS)
     grid = _fractions(fractions)
+    _translation_model_dir(model)
     _check_data_dir(data_dir)
     if output is not None:
-        _check_output_file(output)
+        _check_output_file(output, model=model, data_dir=data_dir, tokenizer=tokenizer)
     net = _model(model)
     tok, _, batches = _translation_batches(model, tokenizer, data_dir, "train" if split == "valid" else split,
                                            num_batches, 64, net)
@@ -416,7 +463,7 @@ def curve(
     result = pruning_curve(net, bleu_metric(tok, pairs, batch_size=batch_size, num_beams=beams, autocast_bf16=bf16),
                            fractions=grid, batches=batches, order=order, iterative=iterative, key="bleu",
                            metric_name="bleu")
-    _emit(result.to_dict(), output)
+    _emit(result.to_dict(), output, "curve")
 
 
 @app.command()
@@ -441,13 +488,28 @@ def bench(
         check_choice("--generate", mode, GENERATE_MODES)
     _positive(repeats=repeats)
     check_int("--warmup", warmup, 0)
-    check_model_dir(model_a, "model_a")
-    check_model_dir(model_b, "model_b")
+    for argument, path in (("model_a", model_a), ("model_b", model_b)):
+        check_model_dir(path, argument)
+        _check_positions(path, argument, lens)
     if output is not None:
-        _check_output_file(output)
+        _check_output_file(output, model_a=model_a, model_b=model_b)
     result = run_bench(model_a, model_b, batch_sizes=sizes, seq_lens=lens, dtype=dtype, generate=modes or None,
                        repeats=repeats, warmup=warmup, json_path=output)
     typer.echo(result.table())
+
+
+POSITION_FIELDS = ("max_position_embeddings", "n_positions", "max_target_positions")
+
+
+def _check_positions(path: Path, argument: str, seq_lens: list[int]) -> None:
+    """Every --seq-lens fits the model's positions (its config's max_position_embeddings or the like)."""
+    from prunetrain.engine.model_dir import config_dict
+
+    config = config_dict(path, argument)
+    field = next((f for f in POSITION_FIELDS if isinstance(config.get(f), int) and config[f] > 0), None)
+    if field is not None and max(seq_lens) > config[field]:
+        raise UserError(f"--seq-lens: {max(seq_lens)} is beyond {argument}'s {config[field]} positions "
+                        f"({field} in its config.json); use lengths up to {config[field]}.")
 
 
 def _one_line(err: BaseException) -> str:
@@ -464,7 +526,7 @@ def main() -> None:
     progress.enable()  # bars on stderr when it is a terminal (or PRUNETRAIN_PROGRESS=1)
     try:
         app()
-    except (UserError, ValueError, TypeError, KeyError, OSError) as err:
+    except (UserError, ValueError, TypeError, KeyError, OSError, RecursionError) as err:
         if debug:
             raise
         typer.echo(f"prunetrain: error: {_one_line(err)}", err=True)

@@ -15,14 +15,16 @@ import re
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 import yaml
 
+from prunetrain.mt.recipe_yaml import build_dataclass, load_override_value, load_recipe_mapping
+from prunetrain.mt.run_checks import check_seed, check_static_limits
 from prunetrain.training.points import check_epoch_points, check_step_points
 from prunetrain.utils.validate import check_choice, check_fraction, check_int, check_positive_float
 
 RECIPES_DIR = Path(__file__).resolve().parent / "recipes"  # shipped as package data
+KINDS = ("encoder_self", "decoder_self", "cross")  # the attention kinds of the recipes' Marian model
 PRECISIONS = ("auto", "bf16", "fp32")
 ATTN_IMPLEMENTATIONS = ("eager", "sdpa", "flex_attention", "flash_attention_2")
 SCOPES = ("global", "layer", "kind")
@@ -119,6 +121,9 @@ class TrainConfig:
     precision: str = "auto"  # auto | bf16 | fp32; auto = bf16 autocast only where it is fast (prunetrain.utils.device)
     seed: int = 0
     max_steps: int = 0  # > 0: the run is this many optimizer steps (it overrides epochs); 0: epochs × steps/epoch
+    max_flops: float = 0.0  # > 0: the run ends after the step at which its training FLOPs (matmul, forward +
+    # backward, counted from every batch's shape and the model as it is) reach this budget: equal compute on any
+    # machine. With max_steps also set, whichever comes first.
     max_minutes: float = 0.0  # a guard only: stop gracefully after this long (0: no cap); reported when it fires
     logging_steps: int = 50
     save_total_limit: int = 2
@@ -132,6 +137,7 @@ class TrainConfig:
         _check_number("train.label_smoothing", self.label_smoothing, 0.0, 1.0, high_open=True)
         _check_number("train.max_grad_norm", self.max_grad_norm, 0.0)
         _check_number("train.max_minutes", self.max_minutes, 0.0)
+        _check_number("train.max_flops", self.max_flops, 0.0)
         check_choice("train.precision", self.precision, PRECISIONS)
         _check_scheduler("train.scheduler", self.scheduler)
 
@@ -164,6 +170,12 @@ class PruningConfig:
     final_fraction: float = 0.5  # pruned by importance after training, then shrunk
     scope: str = "global"  # global | layer | kind
     min_heads_per_layer: int = 1
+    kept_per_kind: dict[str, int] = field(default_factory=dict)  # heads each attention kind keeps at the end of
+    # the schedule ({encoder_self: 6, decoder_self: 12, cross: 18}: Voita et al.'s order), each kind ranked within
+    # itself; every pruning step prunes the same share of each kind's final amount as the schedule's fraction
+    init_layout: str = ""  # build the model with these per-site heads, freshly initialised (a pruned model or run
+    # directory, or a prunetrain_layout.json): the same architecture trained from scratch
+    init_heads: int = 0  # > 0: keep this many heads chosen at random at initialisation (min_heads_per_layer each)
 
     def __post_init__(self):
         check_epoch_points("pruning.importance_epochs", self.importance_epochs)
@@ -199,6 +211,13 @@ class PruningConfig:
         check_fraction("pruning.final_fraction", self.final_fraction)
         check_choice("pruning.scope", self.scope, SCOPES)
         check_int("pruning.min_heads_per_layer", self.min_heads_per_layer, 0)
+        for kind, kept in self.kept_per_kind.items():
+            check_choice("pruning.kept_per_kind", kind, KINDS)
+            check_int(f"pruning.kept_per_kind[{kind}]", kept, 0)
+        check_int("pruning.init_heads", self.init_heads, 0)
+        if self.init_layout and self.init_heads:
+            raise ValueError("pruning.init_heads: set either pruning.init_layout (a recorded architecture) or "
+                             "pruning.init_heads (random heads), not both.")
 
 
 @dataclass
@@ -209,6 +228,8 @@ class EvalConfig:
     test_limit: int = 0  # score only the first N test sentences (0: all)
     batch_size: int = 50
     curve_batch_size: int = 100
+    test_flops: list[float] = field(default_factory=list)  # test BLEU also where the training FLOPs first reach
+    # these shares of train.max_flops (0.25: a quarter of the budget): runs compared at equal compute
     bench: bool = True  # benchmark original vs shrunk generation at the end
     bench_repeats: int = 3
 
@@ -217,6 +238,11 @@ class EvalConfig:
                              ("bench_repeats", 1)):
             check_int(f"eval.{key}", getattr(self, key), minimum)
         check_step_points("eval.test_steps", self.test_steps)
+        for share in self.test_flops:
+            _check_number("eval.test_flops", share, 0.0, 1.0, low_open=True, high_open=True)
+        if any(later <= earlier for earlier, later in zip(self.test_flops, self.test_flops[1:])):
+            raise ValueError(f"eval.test_flops: {self.test_flops!r} is out of order; give increasing shares of "
+                             f"train.max_flops, each once.")
 
 
 @dataclass
@@ -252,6 +278,10 @@ class Recipe:
         if p.method == "l0" and self.train.max_steps and p.l0_start_step >= self.train.max_steps:
             raise ValueError(f"pruning.l0_start_step: {p.l0_start_step} is not before the last training step "
                              f"(train.max_steps={self.train.max_steps}); the gates would never train.")
+        if self.eval.test_flops and not self.train.max_flops:
+            raise ValueError(f"eval.test_flops: {self.eval.test_flops!r} are shares of train.max_flops, which is 0; "
+                             f"set a FLOP budget (train.max_flops) or use eval.test_steps.")
+        self._check_kept_per_kind()
         late_tests = [s for s in self.eval.test_steps if self.train.max_steps and s > self.train.max_steps]
         if late_tests:
             raise ValueError(f"eval.test_steps: step {late_tests[0]} is after the last training step "
@@ -260,6 +290,44 @@ class Recipe:
         self._check_reachable("pruning.curve_fractions", p.curve_fractions)
         self._check_reachable("pruning.schedule", list(p.schedule.values()))
         self._check_reachable("pruning.schedule_steps", list(p.schedule_steps.values()))
+        check_static_limits(self)  # what the run needs of this machine: seed range, attention backend, memory
+
+    def _check_kept_per_kind(self) -> None:
+        """kept_per_kind splits the schedule's final amount between the kinds: every kind named, the counts within
+        [min_heads_per_layer × layers, heads × layers], summing to what the schedule's last fraction keeps."""
+        p, m = self.pruning, self.model
+        if not p.kept_per_kind:
+            return
+        schedule = p.schedule_steps or p.schedule
+        if not schedule or p.method != "importance":
+            raise ValueError("pruning.kept_per_kind: needs a pruning schedule (pruning.schedule_steps or "
+                             "pruning.schedule) with pruning.method=importance.")
+        if p.scope != "kind":
+            raise ValueError(f"pruning.kept_per_kind: ranks each kind within itself, so it needs pruning.scope=kind "
+                             f"(not {p.scope!r}).")
+        missing = [k for k in KINDS if k not in p.kept_per_kind]
+        if missing:
+            raise ValueError(f"pruning.kept_per_kind: {p.kept_per_kind!r} does not name {', '.join(missing)}; give "
+                             f"the heads every kind keeps.")
+        low, high = p.min_heads_per_layer * m.layers, m.heads * m.layers
+        for kind, kept in p.kept_per_kind.items():
+            if not low <= kept <= high:
+                raise ValueError(f"pruning.kept_per_kind[{kind}]: {kept} is not allowed; a kind of {m.layers} sites "
+                                 f"keeps between {low} and {high} heads.")
+        total = original_heads_of(m)
+        final = schedule[max(schedule)]
+        kept_total = total - _pruned_heads(final, total)
+        if sum(p.kept_per_kind.values()) != kept_total:
+            raise ValueError(f"pruning.kept_per_kind: {p.kept_per_kind!r} keeps {sum(p.kept_per_kind.values())} "
+                             f"heads, but the schedule's last fraction {final:g} keeps {kept_total} of {total}.")
+
+    def kind_amounts(self, fraction: float) -> dict[str, int]:
+        """The per-kind counts pruned once the schedule has reached `fraction` of all heads: each kind's final
+        amount (heads × layers − kept) times the share of the final fraction reached, rounded half up."""
+        p, m = self.pruning, self.model
+        schedule = p.schedule_steps or p.schedule
+        progress = fraction / schedule[max(schedule)] if schedule[max(schedule)] else 0.0
+        return {kind: _pruned_heads(progress, m.heads * m.layers - kept) for kind, kept in p.kept_per_kind.items()}
 
     def _check_reachable(self, key: str, fractions) -> None:
         """Every site keeps `min_heads_per_layer` heads, so a fraction of a group of sites (all sites for scope
@@ -278,6 +346,11 @@ class Recipe:
         return dataclasses.asdict(self)
 
 
+def original_heads_of(model: ModelConfig) -> int:
+    """Heads of a recipe's model before any pruning (Marian: 3 attention kinds × layers × heads)."""
+    return len(KINDS) * model.layers * model.heads
+
+
 def _check_header(recipe, kind: str) -> None:
     if recipe.kind != kind:
         raise ValueError(f"kind: {recipe.kind!r} does not match this recipe class (kind {kind!r}).")
@@ -286,68 +359,13 @@ def _check_header(recipe, kind: str) -> None:
                          f"the run directory checkpoints/<name>).")
 
 
-def _type_name(tp) -> str:
-    return getattr(tp, "__name__", str(tp).replace("typing.", ""))
-
-
-def _coerce(value, tp, where: str):
-    """Check `value` against the annotation `tp` (int, float, bool, str, list[...], dict[...]); ints pass as floats."""
-    origin = typing.get_origin(tp)
-    if origin is list:
-        (item,) = typing.get_args(tp)
-        if not isinstance(value, list):
-            raise ValueError(f"{where}: {value!r} is not a list of {_type_name(item)}.")
-        return [_coerce(v, item, f"{where}[{i}]") for i, v in enumerate(value)]
-    if origin is dict:
-        key_tp, value_tp = typing.get_args(tp)
-        if not isinstance(value, dict):
-            raise ValueError(f"{where}: {value!r} is not a mapping of {_type_name(key_tp)} to {_type_name(value_tp)}.")
-        return {_coerce(k, key_tp, f"{where} key"): _coerce(v, value_tp, f"{where}[{k}]") for k, v in value.items()}
-    if tp is bool:
-        if not isinstance(value, bool):
-            raise ValueError(f"{where}: {value!r} is not a boolean (true/false).")
-        return value
-    if tp is int:
-        if isinstance(value, bool) or not isinstance(value, int):
-            raise ValueError(f"{where}: {value!r} is not an integer.")
-        return value
-    if tp is float:
-        if isinstance(value, bool) or not isinstance(value, (int, float)):
-            raise ValueError(f"{where}: {value!r} is not a number.")
-        return float(value)
-    if tp is str:
-        if not isinstance(value, str):
-            raise ValueError(f"{where}: {value!r} is not a string.")
-        return value
-    raise TypeError(f"{where}: unsupported annotation {tp!r}")  # pragma: no cover
-
-
-def _build(cls, data: Any, where: str):
-    if not isinstance(data, dict):
-        raise ValueError(f"{where or 'recipe'}: expected a mapping of keys, got {data!r}.")
-    hints = typing.get_type_hints(cls)
-    names = [f.name for f in dataclasses.fields(cls)]
-    kwargs = {}
-    for key, value in data.items():
-        path = f"{where}.{key}" if where else str(key)
-        if key not in names:
-            raise ValueError(f"{path}: unknown key; valid keys{' in ' + where if where else ''} are "
-                             f"{', '.join(names)}.")
-        tp = hints[key]
-        if dataclasses.is_dataclass(tp):
-            kwargs[key] = _build(tp, value, path)
-        else:
-            kwargs[key] = _coerce(value, tp, path)
-    return cls(**kwargs)
-
-
 def recipe_from_dict(data: dict):
     """Validate a raw recipe mapping into its dataclass (`Recipe`, or another kind named by `kind:`).
 
     Args:
         data: the mapping as read from YAML (sections of keys).
     """
-    return _build(recipe_class(data), data, "")
+    return build_dataclass(recipe_class(data), data, "")
 
 
 def available_recipes(directory: Path = RECIPES_DIR) -> list[str]:
@@ -375,10 +393,7 @@ def load_recipe(name_or_path: str, overrides: list[str] | None = None, directory
         directory: where recipe names are looked up (the package's recipes by default).
     """
     path = recipe_path(name_or_path, directory)
-    try:
-        data = yaml.safe_load(path.read_text()) or {}
-    except yaml.YAMLError as err:
-        raise ValueError(f"recipe: {str(path)!r} is not valid YAML ({err.__class__.__name__}).") from None
+    data = load_recipe_mapping(path.read_bytes(), f"recipe: {str(path)!r}")  # strict YAML (prunetrain.mt.recipe_yaml)
     for override in overrides or []:
         apply_override(data, override)
     return recipe_from_dict(data)
@@ -403,10 +418,7 @@ def apply_override(data: dict, override: str) -> None:
         raise ValueError(f"--set: {override!r} is not of the form section.key=value (e.g. train.epochs=3).")
     key, raw = override.split("=", 1)
     parts = key.strip().split(".")
-    try:
-        value = yaml.safe_load(raw)
-    except yaml.YAMLError:
-        value = raw
+    value = load_override_value(raw, f"--set {key.strip()}")
     if value is None:
         value = ""
     target = data
@@ -421,10 +433,8 @@ def apply_override(data: dict, override: str) -> None:
             if dataclasses.is_dataclass(tp):
                 raise ValueError(f"--set {key}: {key!r} is a section; set one of its keys, e.g. {key}."
                                  f"{dataclasses.fields(tp)[0].name}=...")
-            if tp is float and isinstance(value, int) and not isinstance(value, bool):
-                value = float(value)
-            if tp is str and not isinstance(value, str):
-                value = raw
+            if tp is str and not (raw.strip()[:1] in ("'", '"') and isinstance(value, str)):
+                value = raw.strip()  # a string is what was typed (a path may hold '#' or ': '), unless quoted
             target[part] = value
         else:
             if not dataclasses.is_dataclass(tp):
@@ -456,6 +466,7 @@ class GateTrainConfig:
     def __post_init__(self):
         for key, minimum in (("steps", 1), ("batch_size", 1), ("seed", 0), ("logging_steps", 1)):
             check_int(f"train.{key}", getattr(self, key), minimum)
+        check_seed("train.seed", self.seed)
         _check_number("train.learning_rate", self.learning_rate, 0.0)  # 0: only the gates learn
         check_positive_float("train.gate_lr", self.gate_lr)
         check_positive_float("train.lagrangian_lr", self.lagrangian_lr)

@@ -21,6 +21,7 @@ import torch
 
 from prunetrain.mt import ranks
 from prunetrain.mt.data import load_tokenizer
+from prunetrain.mt.init_architecture import apply_initial_architecture
 from prunetrain.mt.recipe import Recipe
 from prunetrain.mt.run_dir import mark_complete, prepare_output_dir
 from prunetrain.mt.training_setup import train_seq2seq, training_args
@@ -32,7 +33,8 @@ def load_pairs(recipe, data_dir: str | None):
 
     Args:
         recipe: a translation or l0-sweep recipe (its `data` section is read).
-        data_dir: the CLI's `--data-dir` (overrides `data.dir`).
+        data_dir: a directory instead of `data.dir` (the runners record it in the recipe first, with
+            `prunetrain.mt.run_record.with_data_dir`, and pass None).
     """
     from prunetrain.mt import data as D
 
@@ -132,11 +134,17 @@ def make_callbacks(recipe: Recipe, inputs: RunInputs) -> tuple[list, TimeCapCall
         epochs = [float(t.epochs)]
     clock = MetricPointsCallback(bleu_metric(inputs.tokenizer, inputs.test_pairs, batch_size=ev.batch_size,
                                              num_beams=ev.num_beams, autocast_bf16=inputs.bf16),
-                                 at_steps=ev.test_steps, metric_key="bleu", record_end=False)
+                                 at_steps=ev.test_steps, metric_key="bleu", record_end=False,
+                                 at_flops=[share * t.max_flops for share in ev.test_flops],
+                                 max_flops=t.max_flops or None)
     l0 = p.method == "l0"
+    prune, prune_steps = (p.schedule or None), (p.schedule_steps or None)
+    if p.kept_per_kind:  # each pruning step prunes each kind its share of the kind's final amount
+        prune = {e: recipe.kind_amounts(f) for e, f in p.schedule.items()} or None
+        prune_steps = {s: recipe.kind_amounts(f) for s, f in p.schedule_steps.items()} or None
     pruning = HeadPruningCallback(at_epochs=epochs, at_steps=p.importance_steps,
-                                  prune=None if l0 else p.schedule or None,
-                                  prune_steps=None if l0 else p.schedule_steps or None, mode=p.mode,
+                                  prune=None if l0 else prune,
+                                  prune_steps=None if l0 else prune_steps, mode=p.mode,
                                   shrink_steps=() if l0 else p.shrink_steps, scope=p.scope,
                                   min_heads_per_layer=p.min_heads_per_layer, batches=inputs.importance_batches)
     callbacks = [clock, pruning]
@@ -209,7 +217,9 @@ def prune_and_evaluate(recipe: Recipe, model, inputs: RunInputs, progress: Calla
     model.eval()
     heads = find_heads(model).total_heads
     score = dict(batch_size=ev.batch_size, num_beams=ev.num_beams, autocast_bf16=inputs.bf16)
-    trained = evaluate_bleu(model, inputs.tokenizer, inputs.test_pairs, **score)
+    final_score = dict(score, return_hypotheses=True, sentence_stats=True)  # kept for paired tests between runs
+    trained = evaluate_bleu(model, inputs.tokenizer, inputs.test_pairs,
+                            **(final_score if p.final_fraction == 0 else score))
     progress(f"test BLEU {trained_name(recipe, heads)}: {trained['bleu']:.2f} ({trained['bleu_signature']})")
     if p.final_fraction == 0:
         return {"model": model, "pruned": model, "mask": HeadMask.ones(model), "full": trained, "masked": None,
@@ -220,7 +230,7 @@ def prune_and_evaluate(recipe: Recipe, model, inputs: RunInputs, progress: Calla
         masked = evaluate_bleu(model, inputs.tokenizer, inputs.test_pairs, **score)
     pruned = copy.deepcopy(model)
     shrink(pruned, final_mask)
-    shrunk = evaluate_bleu(pruned, inputs.tokenizer, inputs.test_pairs, **score)
+    shrunk = evaluate_bleu(pruned, inputs.tokenizer, inputs.test_pairs, **final_score)
     progress(f"test BLEU with {p.final_fraction:.0%} of the trained model's heads pruned after training: "
              f"{shrunk['bleu']:.2f} (masked model: {masked['bleu']:.2f})")
     return {"model": model, "pruned": pruned, "mask": final_mask, "full": trained, "masked": masked, "shrunk": shrunk}
@@ -263,18 +273,28 @@ def run_recipe(recipe: Recipe, out_dir: str | Path, *, data_dir: str | None = No
     from prunetrain.engine.heads import find_heads
     from prunetrain.mt.report import write_report
 
+    from prunetrain.mt.run_checks import check_points_reachable
+    from prunetrain.mt.run_record import data_record, recipe_inputs, with_data_dir
+
     out_dir = Path(out_dir)
     started = time.time()
+    recipe = with_data_dir(recipe, data_dir)  # --data-dir is data.dir: recipe.yaml and results.json name it
     ranks.check_global_batch(recipe.train.batch_size)  # under torchrun: rank 0 writes, the others wait (mt.ranks)
     ranks.start()
     progress = progress if ranks.is_main() else (lambda message: None)
-    pairs = ranks.shared(lambda: load_pairs(recipe, data_dir), lambda: load_pairs(recipe, data_dir))  # the data is
-    ranks.on_main(lambda: prepare_output_dir(  # checked before the output directory is touched
-        out_dir, recipe, resume=resume, overwrite=overwrite, progress=progress))
+    pairs = ranks.shared(lambda: load_pairs(recipe, None), lambda: load_pairs(recipe, None))  # checked before the
+    check_points_reachable(recipe, len(pairs[0]))  # output directory is touched; a schedule that can never fire is
+    ranks.on_main(lambda: prepare_output_dir(  # refused, not run; a resume reads the same data
+        out_dir, recipe, resume=resume, overwrite=overwrite, progress=progress, inputs=recipe_inputs(recipe),
+        data=data_record(recipe, pairs)))
     progress(f"data: {len(pairs[0])} train, {len(pairs[1])} valid, {len(pairs[2])} test pairs")
     tokenizer = ranks.shared(lambda: load_or_train_tokenizer(recipe, out_dir, pairs[0], resume=resume),
                              lambda: load_tokenizer(out_dir / "tokenizer"))
     model = build_model(recipe, tokenizer)
+    initial = apply_initial_architecture(recipe, model)  # the from-scratch baselines start smaller
+    if initial:
+        progress(f"initial architecture: {initial['heads']} heads {initial['per_kind']} from {initial['from']}, "
+                 f"freshly initialised")
     inputs = prepare_inputs(recipe, tokenizer, model, pairs)
     progress(f"precision: {'bf16 autocast' if inputs.bf16 else 'fp32'} (train.precision={recipe.train.precision})")
     progress(f"model: {sum(x.numel() for x in model.parameters()) / 1e6:.1f} M parameters, "
@@ -295,6 +315,11 @@ def run_recipe(recipe: Recipe, out_dir: str | Path, *, data_dir: str | None = No
              + (f"; the time cap fired at step {time_cap.stopped_at_step} (epoch {time_cap.stopped_at:.2f}) of "
                 f"{time_cap.planned_steps} planned" if time_cap.fired else ""))
 
+    if recipe.train.max_flops and clock.budget_reached_at_step is None:
+        progress(f"the FLOP budget train.max_flops={recipe.train.max_flops:.4g} was not reached: training ended at "
+                 f"step {time_cap.last_step} after {clock.flops:.4g} FLOPs (train.epochs="
+                 f"{recipe.train.epochs}, train.max_steps={recipe.train.max_steps} or the time cap ended it first)")
+
     final = prune_and_evaluate(recipe, model, inputs, progress)
     saved = save_final_models(recipe, final, inputs.tokenizer, out_dir)
     final["mask"].to_json(out_dir / "final_mask.json")
@@ -305,6 +330,9 @@ def run_recipe(recipe: Recipe, out_dir: str | Path, *, data_dir: str | None = No
     results = {
         "recipe": recipe.to_dict(), "train_minutes": train_minutes, "total_minutes": (time.time() - started) / 60,
         "train_step_minutes": step_seconds / 60, "steps": int(time_cap.last_step or 0),
+        "train_flops": clock.flops if clock.meter.counted else None, "max_flops": recipe.train.max_flops or None,
+        "flop_budget_reached_at_step": clock.budget_reached_at_step, "flop_fits": clock.meter.fits,
+        "initial_architecture": initial,
         "stopped_early_at_epoch": time_cap.stopped_at, "time_cap": time_cap.to_dict(),
         "points": points_summary(out_dir, late), "heads_original": original_heads(recipe),
         "heads_trained": final["mask"].num_heads, "heads_total": original_heads(recipe),
@@ -317,6 +345,7 @@ def run_recipe(recipe: Recipe, out_dir: str | Path, *, data_dir: str | None = No
                                                             final_parameters, clock, time_cap)],
         "step_rate": clock.segments, "pruning_events": _read_json(out_dir / "prunetrain" / "pruning_events.json"),
     }
+    write_test_translations(out_dir, final["shrunk"])
     (out_dir / "results.json").write_text(json.dumps(results, indent=1))
     write_report(out_dir, results)
     mark_complete(out_dir, {"results": "results.json", "report": "report.md"})
@@ -343,7 +372,8 @@ def save_final_models(recipe: Recipe, final: dict, tokenizer, out_dir: Path) -> 
 def final_record(result: dict, heads: int, parameters: int, clock, time_cap) -> dict:
     """The last point of the BLEU-over-training curve: the final model's test score (`result`) at the last step."""
     return {"step": int(time_cap.last_step or 0), "epoch": time_cap.last_epoch, "kind": "final",
-            "step_seconds": clock.step_seconds, "wall_seconds": clock.wall_seconds(), "bleu": result["bleu"],
+            "step_seconds": clock.step_seconds, "wall_seconds": clock.wall_seconds(),
+            "flops": clock.flops if clock.meter.counted else None, "bleu": result["bleu"],
             "heads": heads, "parameters": parameters, "sentences_per_second": result.get("sentences_per_second")}
 
 
@@ -360,5 +390,19 @@ def points_summary(out_dir: Path, late: dict) -> dict:
     return out
 
 
+def write_test_translations(out_dir: Path, result: dict) -> None:
+    """The final model's test hypotheses and BLEU's per-sentence statistics (`test_translations.json`), so that
+    `prunetrain compare` can test the difference between two runs' final models by paired bootstrap."""
+    from prunetrain.methods.significance import SENTENCE_STATS
+    from prunetrain.mt.compare_arms import TRANSLATIONS_FILE
+
+    data = {"bleu": result["bleu"], "bleu_signature": result.get("bleu_signature"),
+            "num_beams": result.get("num_beams"), "hypotheses": result.get("hypotheses"),
+            SENTENCE_STATS: result.get(SENTENCE_STATS)}
+    (out_dir / TRANSLATIONS_FILE).write_text(json.dumps(data, ensure_ascii=False))
+
+
 def _strip(result: dict) -> dict:
-    return {k: v for k, v in result.items() if k != "hypotheses"}
+    from prunetrain.methods.significance import SENTENCE_STATS
+
+    return {k: v for k, v in result.items() if k not in ("hypotheses", SENTENCE_STATS)}

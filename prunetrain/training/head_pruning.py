@@ -20,10 +20,10 @@ from prunetrain.methods.selection import SCOPES, iterative_prune, select_heads
 from prunetrain.training.base import (check_callback_kinds, check_epochs_fit, check_model_kinds, first_batches,
                                       importance_heatmap, kept_summary, local_share)
 from prunetrain.training.distributed import find_ddp, rebuild_ddp
-from prunetrain.training.points import (Plan, Point, check_amount_schedule, check_step_points, epoch_spec,
-                                        file_label, label, resolve)
+from prunetrain.training.points import (Plan, Point, amount_decreases, check_amount_schedule, check_step_points,
+                                        epoch_spec, file_label, label, resolve)
 from prunetrain.training.scheduled import ScheduledCallback
-from prunetrain.utils.validate import ALL_BATCHES, check_amount, check_choice, check_int
+from prunetrain.utils.validate import ALL_BATCHES, check_amount, check_amount_convention, check_choice, check_int
 
 MODES = ("mask", "shrink")
 
@@ -98,6 +98,7 @@ class HeadPruningCallback(ScheduledCallback):
             raise ValueError(f"prune: {prune!r} is not a schedule; give a dict {{epoch: amount}}, a function "
                              f"epoch -> amount or None.")
         self._prune_steps = check_amount_schedule("prune_steps", prune_steps or {}, "step")
+        check_amount_convention("prune/prune_steps", [*self._prune_epochs.values(), *self._prune_steps.values()])
         self._shrink_steps = check_step_points("shrink_steps", list(shrink_steps))
         for shrink_step in self._shrink_steps:
             if shrink_step not in self._prune_steps:
@@ -166,7 +167,7 @@ class HeadPruningCallback(ScheduledCallback):
         self._setup(args, state, model)
         if self._restore(args, state) and self.mask is not None and self.mask.num_kept < self.mask.num_heads:
             if self.mode == "mask":
-                self.mask.attach(model)
+                self.mask.attach(model, owner=self)
         self._start_plan(args, state, train_dataloader)
         self._amount_at = self._place_amounts()
 
@@ -180,9 +181,10 @@ class HeadPruningCallback(ScheduledCallback):
                                  f"{placed[step]!r}; give one amount per step.")
             placed[step] = amount
         previous = None
+        total = self.mask.num_heads if self.scope == "global" and self.mask is not None else None  # mixed amounts
         for step in sorted(placed):
             amount = placed[step]
-            if previous is not None and type(previous[1]) is type(amount) and amount < previous[1]:
+            if previous is not None and amount_decreases(previous[1], amount, total):
                 raise ValueError(f"prune/prune_steps: {amount!r} at step {step} is less than the {previous[1]!r} "
                                  f"pruned at step {previous[0]}; the schedule gives cumulative amounts in step order.")
             previous = (step, amount)
@@ -297,7 +299,7 @@ class HeadPruningCallback(ScheduledCallback):
             total_after = layout.total_heads
         else:
             self.mask = new_mask
-            self.mask.attach(model)
+            self.mask.attach(model, owner=self)
             after = self.mask.kept_per_kind()
             total_after = self.mask.num_kept
         event = {"step": step, "epoch": epoch, "label": label(step, epoch), "amount": amount, "mode": self.mode,
