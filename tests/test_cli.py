@@ -214,7 +214,8 @@ def test_compare_puts_runs_side_by_side(smoke_recipe_run, tmp_path):
     assert (tmp_path / "cmp" / "compare.png").is_file()
     assert_user_error(cli("compare", out, out, "--names", "a,b", "--output", tmp_path / "cmp"),
                       r"output: '.*cmp' already exists and is not empty")
-    assert_user_error(cli("compare", out, tmp_path, "--output", tmp_path / "new"),
+    (tmp_path / "not-a-run").mkdir()
+    assert_user_error(cli("compare", out, tmp_path / "not-a-run", "--output", tmp_path / "new"),
                       r"run: '.*' has no results.json")
     assert not (tmp_path / "new").exists()
 

@@ -146,11 +146,11 @@ def test_schedule_errors_come_before_training_starts(tmp_path, tiny_mt):
         load_recipe("wmt-small-deen", ["pruning.mode=shrink"])
     with pytest.raises(ValueError, match=r"^eval.test_steps: step 1650 is after the last training step "
                                          r"\(train.max_steps=1600\)"):
-        load_recipe("wmt-small-deen", ["train.max_steps=1600"])
+        load_recipe("wmt-small-deen", ["train.max_steps=1600", "eval.test_steps=[300, 1650]"])
     with pytest.raises(ValueError, match=r"^pruning.method: 'magic' is not one of 'importance', 'l0'"):
         load_recipe("wmt-small-deen", ["pruning.method=magic"])
     with pytest.raises(ValueError, match=r"^pruning.l0_start_step: 1800 is not before the last training step"):
-        load_recipe("wmt-small-deen", ["pruning.method=l0", "pruning.l0_start_step=1800"])
+        load_recipe("wmt-small-deen", ["pruning.method=l0", "pruning.l0_start_step=1800", "train.max_steps=1800"])
     with pytest.raises(ValueError, match=r"^pruning.l0_target_heads: 200 is more than the model's 144 heads"):
         load_recipe("wmt-small-deen", ["pruning.method=l0", "pruning.l0_target_heads=200"])
     recipe = load_recipe("wmt-small-deen", ["train.max_steps=500", "pruning.schedule={0.5: 0.25, 13: 0.5}",
