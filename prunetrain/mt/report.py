@@ -105,8 +105,7 @@ def write_report(run: str | Path, results: dict) -> Path:
         "",
         f"Model as run: {recipe['model']['layers']}+{recipe['model']['layers']} layers, {recipe['model']['heads']} "
         f"heads per attention, d_model {recipe['model']['d_model']}, FFN {recipe['model']['ffn_dim']}; " +
-        (f"{recipe['train']['max_steps']} optimizer steps" if recipe['train'].get('max_steps') else
-         f"{recipe['train']['epochs']} epochs") + f" planned, precision {recipe['train']['precision']}.",
+        _planned_length(recipe['train']) + f" planned, precision {recipe['train']['precision']}.",
         "",
         "## Final results (test split)",
         "",
@@ -117,7 +116,9 @@ def write_report(run: str | Path, results: dict) -> Path:
         f"throughput (outputs of different lengths, one pass each): the A/B speed comparison is the benchmark below.",
         f"BLEU signature: `{full['bleu_signature']}`; chrF signature: `{full['chrf_signature']}`.",
         "",
-        f"Training: {results['train_minutes']:.1f} min; whole run {results['total_minutes']:.1f} min"
+        f"Training: {results['train_minutes']:.1f} min"
+        + (f", {results['train_flops']:.4g} training FLOPs over {results['steps']} steps"
+           if results.get("train_flops") else "") + f"; whole run {results['total_minutes']:.1f} min"
         + (f" (stopped by the time limit at epoch {results['stopped_early_at_epoch']:.2f})"
            if results.get("stopped_early_at_epoch") else "") + ".",
         "",
@@ -143,6 +144,13 @@ def write_report(run: str | Path, results: dict) -> Path:
     path = run / "report.md"
     path.write_text("\n".join(lines))
     return path
+
+
+def _planned_length(train: dict) -> str:
+    """How long the run was planned: a FLOP budget, a number of steps, or epochs."""
+    parts = [f"{train['max_flops']:.4g} training FLOPs"] if train.get("max_flops") else []
+    parts += [f"{train['max_steps']} optimizer steps"] if train.get("max_steps") else []
+    return " or ".join(parts) or f"{train['epochs']} epochs"
 
 
 def _final_table(results: dict) -> list[str]:
@@ -174,20 +182,23 @@ def _training_time_lines(run: Path, results: dict) -> list[str]:
         lines += ["## Test BLEU over training", "",
                   "Training time counts the optimizer steps only (forward, backward, update); evaluations, importance "
                   "passes and checkpoints are outside it (wall time beside it).", "",
-                  "| step | epoch | heads | parameters | BLEU | training min | wall min |", "|---|---|---|---|---|---|---|"]
+                  "| step | epoch | heads | parameters | training FLOPs | BLEU | training min | wall min |",
+                  "|---|---|---|---|---|---|---|---|"]
         for r in records:
             epoch = "" if r.get("epoch") is None else f"{r['epoch']:.2f}"
+            flops = "" if r.get("flops") is None else f"{r['flops']:.4g}"
             lines.append(f"| {r['step']}{' (final)' if r.get('kind') == 'final' else ''} | {epoch} | {r['heads']} | "
-                         f"{r['parameters'] / 1e6:.2f} M | {r['bleu']:.2f} | {r['step_seconds'] / 60:.1f} | "
+                         f"{r['parameters'] / 1e6:.2f} M | {flops} | {r['bleu']:.2f} | {r['step_seconds'] / 60:.1f} | "
                          f"{r['wall_seconds'] / 60:.1f} |")
         lines.append("")
     if segments:
-        lines += ["## Training speed between shrinks", "", "| steps | heads | parameters | steps/s |",
-                  "|---|---|---|---|"]
+        lines += ["## Training speed between shrinks", "", "| steps | heads | parameters | steps/s | FLOPs per step |",
+                  "|---|---|---|---|---|"]
         for g in segments:
-            rate = g.get("steps_per_second")
+            rate = "" if not g.get("steps_per_second") else f"{g['steps_per_second']:.3f}"
+            per_step = "" if g.get("flops") is None else f"{g['flops'] / g['steps']:.4g}"
             lines.append(f"| {g['from_step']}–{g['to_step']} | {g['heads']} | {g['parameters'] / 1e6:.2f} M | "
-                         f"{rate:.3f} |" if rate else f"| {g['from_step']}–{g['to_step']} | {g['heads']} | | |")
+                         f"{rate} | {per_step} |")
         lines.append("")
     if events:
         kinds = list(events[0]["per_kind_before"])

@@ -1,0 +1,54 @@
+#!/usr/bin/env bash
+# Does pruning during training pay? One run of the study in recipes/wmt-small-deen.md ("The payoff study"): every arm
+# is the main recipe (`prunetrain recipe wmt-small-deen`, one FLOP budget: train.max_flops) with the settings below.
+#
+#   bash scripts/payoff_study.sh ARM SEED        e.g. bash scripts/payoff_study.sh off 1
+#
+# The run directory is checkpoints/study/ARM-sSEED (git-ignored); what the comparison needs (results.json, report.md,
+# test_translations.json, the final layout) is copied to recipes/results/wmt-small-deen-study/ARM-sSEED when the
+# run is complete. Run one at a time on a quiet machine (timings are recorded).
+# Arms:
+#   gradual              the main recipe as it is (masks at 400/800, shrinks at 600/1000, 36 of 144 heads)
+#   off                  pruning off: the full model
+#   scratch              the gradual run's final architecture (same seed), freshly initialised, trained from scratch
+#   random-init          36 heads chosen at random at initialisation, trained from scratch
+#   prune-then-finetune  the full model until step 1200, then 75 % of the heads pruned by importance at once and
+#                        removed; fine-tuned for the rest of the budget
+#   l0                   Hard-Concrete gates with a 36-head budget from step 600, shrunk at the end (Voita §6)
+#   early                the gradual schedule two to five times earlier (200/300/400/500)
+#   late                 later (800/1000/1200/1400)
+#   small-steps          more, smaller steps (12.5 % every 100 steps from 300 to 800, shrinks at 400/600/800)
+#   per-kind             the gradual schedule with Voita's order: 6 encoder-self, 12 decoder-self, 18 cross heads kept
+# SCRATCH_FROM (default gradual) names the arm whose final architecture the scratch arm trains.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+arm=${1:?usage: payoff_study.sh ARM SEED}
+seed=${2:?usage: payoff_study.sh ARM SEED}
+off=(--set 'pruning.schedule_steps={}' --set 'pruning.shrink_steps=[]')
+case "$arm" in
+  gradual) sets=() ;;
+  off) sets=("${off[@]}") ;;
+  scratch) sets=("${off[@]}" --set
+                 "pruning.init_layout=recipes/results/wmt-small-deen-study/${SCRATCH_FROM:-gradual}-s$seed/layout.json") ;;
+  random-init) sets=("${off[@]}" --set pruning.init_heads=36) ;;
+  prune-then-finetune) sets=(--set 'pruning.schedule_steps={1200: 0.75}' --set 'pruning.shrink_steps=[1200]') ;;
+  l0) sets=(--set pruning.method=l0) ;;
+  early) sets=(--set 'pruning.schedule_steps={200: 0.25, 300: 0.5, 400: 0.625, 500: 0.75}'
+               --set 'pruning.shrink_steps=[300, 500]') ;;
+  late) sets=(--set 'pruning.schedule_steps={800: 0.25, 1000: 0.5, 1200: 0.625, 1400: 0.75}'
+              --set 'pruning.shrink_steps=[1000, 1400]') ;;
+  small-steps) sets=(--set 'pruning.schedule_steps={300: 0.125, 400: 0.25, 500: 0.375, 600: 0.5, 700: 0.625, 800: 0.75}'
+                     --set 'pruning.shrink_steps=[400, 600, 800]') ;;
+  per-kind) sets=(--set pruning.scope=kind
+                  --set 'pruning.kept_per_kind={encoder_self: 6, decoder_self: 12, cross: 18}') ;;
+  *) echo "payoff_study.sh: unknown arm '$arm'" >&2; exit 2 ;;
+esac
+out="checkpoints/study/$arm-s$seed"
+.venv/bin/prunetrain recipe wmt-small-deen --set "train.seed=$seed" "${sets[@]}" --output "$out"
+keep="recipes/results/wmt-small-deen-study/$arm-s$seed"
+mkdir -p "$keep"
+cp "$out/results.json" "$out/report.md" "$out/test_translations.json" "$keep/"
+for model in pruned full; do
+  [ -f "$out/$model/prunetrain_layout.json" ] && cp "$out/$model/prunetrain_layout.json" "$keep/layout.json"
+done
+echo "kept in $keep"
