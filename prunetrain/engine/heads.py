@@ -10,12 +10,11 @@ from __future__ import annotations
 
 import json
 from dataclasses import asdict, dataclass, field
-from typing import TYPE_CHECKING, Iterator
+from typing import Iterator
 
 from torch import nn
 
-if TYPE_CHECKING:  # pragma: no cover
-    from prunetrain.engine.families import FamilyAdapter
+from prunetrain.engine import registry
 
 KINDS = ("encoder_self", "decoder_self", "cross", "self")
 """Attention kinds: encoder self-attention, decoder self-attention, decoder→encoder (cross) attention, and `self`
@@ -129,7 +128,7 @@ class AttentionSite:
     info: HeadSite
     module: nn.Module
     out_proj: nn.Module
-    adapter: "FamilyAdapter"
+    adapter: registry.Adapter
     root: nn.Module  # the model the site belongs to
 
 
@@ -147,10 +146,8 @@ def unwrap_model(model: nn.Module) -> nn.Module:
 
 def attention_sites(model: nn.Module) -> list[AttentionSite]:
     """Live handles on every attention site of `model` (raises `ValueError` for an unsupported model)."""
-    from prunetrain.engine.families import adapter_for
-
     model = unwrap_model(model)
-    adapter = adapter_for(model)
+    adapter = registry.adapter_for(model)
     return _nonempty(model, adapter, adapter.sites(model))
 
 
@@ -182,36 +179,19 @@ def find_heads(model: nn.Module, discover: bool = False) -> HeadLayout:
         ValueError: for an unsupported `model_type` (without `discover`, or when discovery refuses the model, with
             the reason), or a supported one in which no attention site is found.
     """
-    from prunetrain.engine.families import adapter_for, supported_model_types
-
     model = unwrap_model(model)
-    if discover and getattr(getattr(model, "config", None), "model_type", None) not in supported_model_types():
-        _discover(model)
-    adapter = adapter_for(model)
+    if discover and not registry.handles(getattr(getattr(model, "config", None), "model_type", None)):
+        registry.discover(model)  # proves and registers an adapter, or says why not
+    adapter = registry.adapter_for(model)
     return HeadLayout(family=adapter.name, sites=tuple(s.info for s in _nonempty(model, adapter, adapter.sites(model))))
-
-
-def _discover(model: nn.Module) -> None:
-    import logging
-
-    from prunetrain.engine.families.discovery import discover_adapter
-
-    adapter = discover_adapter(model)
-    shapes = "; ".join(f"{p.module_class}: {'/'.join(p.projections)} -> {p.out}, heads from {p.count_from}"
-                       for p in adapter.proposals.values())
-    logging.getLogger("prunetrain").warning(
-        "prunetrain: no adapter names model_type %r; discovered one from its structure (%s) and proved it exact on a "
-        "probe input.", model.config.model_type, shapes)
 
 
 def layout_record(model: nn.Module) -> dict:
     """`find_heads(model).to_dict()`, plus under "discovered" the description of a discovered adapter (so a pruned
     directory brings it along to a fresh process: `prunetrain.engine.families.discovery.register_description`)."""
-    from prunetrain.engine.families import adapter_for
-
     model = unwrap_model(model)
     record = find_heads(model).to_dict()
-    describe = getattr(adapter_for(model), "description", None)
+    describe = getattr(registry.adapter_for(model), "description", None)
     if callable(describe):
         record["discovered"] = describe()
     return record

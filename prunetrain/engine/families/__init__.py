@@ -1,8 +1,9 @@
 """Family adapters: the one place that knows Hugging Face module names.
 
-`core` holds the registry (`register`, `adapter_for`), the base classes and the class-switch mechanism for sites
-with no heads; each other module holds the adapters of one group of families. Importing this package registers all
-of them. `discovery` proposes (and proves) an adapter from a model's structure for model types none of them names.
+`core` holds the base classes and the class-switch mechanism for sites with no heads (and re-exports the registry's
+`register` and `adapter_for`, which live in `prunetrain.engine.registry`); each other module holds the adapters of one
+group of families. Importing this package (which `import prunetrain` does) registers all of them. `discovery`
+proposes (and proves) an adapter from a model's structure for model types none of them names.
 """
 
 from prunetrain.engine.families.core import (CROSS_ATTENTION_NAMES, FamilyAdapter, LinearAttentionAdapter, Select,

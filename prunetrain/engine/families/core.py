@@ -51,70 +51,13 @@ import torch
 from torch import nn
 
 from prunetrain.engine.heads import LAYOUT_CONFIG_KEY, AttentionSite, HeadSite
+from prunetrain.engine.registry import (adapter_for, register, supported_families,  # noqa: F401  (the registry's
+                                        supported_model_types, unregister)  # interface, importable from here too)
 
 Select = Callable[[nn.Parameter, int, torch.Tensor], None]
 """`select(param, dim, index)`: keep `index` along `dim` of `param`, in place (and in the optimizer state)."""
 
 CROSS_ATTENTION_NAMES = {"encoder_attn", "EncDecAttention", "crossattention"}
-
-_ADAPTERS: list["FamilyAdapter"] = []
-
-
-def register(cls: type["FamilyAdapter"]) -> type["FamilyAdapter"]:
-    """Class decorator: make a family adapter available to `find_heads`, `HeadMask` and `shrink`.
-
-    Args:
-        cls: a `FamilyAdapter` subclass; its `model_types` must not be claimed by an adapter registered before.
-    """
-    adapter = cls()
-    taken = {t: a.name for a in _ADAPTERS for t in a.model_types}
-    clash = [t for t in adapter.model_types if t in taken]
-    if clash:
-        raise ValueError(f"model_types: {clash[0]!r} of adapter {adapter.name!r} is already handled by adapter "
-                         f"{taken[clash[0]]!r}; each model_type has one adapter.")
-    _ADAPTERS.append(adapter)
-    return cls
-
-
-def unregister(name: str) -> None:
-    """Remove the adapter called `name` (e.g. one registered by `discover_adapter` for a test).
-
-    Args:
-        name: the adapter's `name`.
-    """
-    index = next((i for i, a in enumerate(_ADAPTERS) if a.name == name), None)
-    if index is None:
-        raise ValueError(f"name: no adapter is called {name!r}; registered: {', '.join(supported_families())}.")
-    del _ADAPTERS[index]
-
-
-def supported_families() -> list[str]:
-    """Names of the registered adapters."""
-    return [a.name for a in _ADAPTERS]
-
-
-def supported_model_types() -> list[str]:
-    """Every `config.model_type` an adapter handles."""
-    return [t for a in _ADAPTERS for t in a.model_types]
-
-
-def adapter_for(model: nn.Module) -> "FamilyAdapter":
-    """The adapter for `model`, chosen by `model.config.model_type`; a clear error for anything else.
-
-    Args:
-        model: a transformers model (anything with `config.model_type`).
-    """
-    config = getattr(model, "config", None)
-    model_type = getattr(config, "model_type", None)
-    for adapter in _ADAPTERS:
-        if model_type in adapter.model_types:
-            return adapter
-    raise ValueError(
-        f"model: {type(model).__name__} (model_type={model_type!r}) is not supported; supported model types: "
-        f"{', '.join(supported_model_types())}. Let prunetrain discover one from the model's structure "
-        f"(find_heads(model, discover=True), i.e. prunetrain.engine.families.discovery.discover_adapter) or register "
-        f"an adapter (see prunetrain.engine.families.core)."
-    )
 
 
 def head_rows(heads: torch.Tensor, head_dim: int) -> torch.Tensor:

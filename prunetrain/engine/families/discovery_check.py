@@ -1,6 +1,6 @@
 """The self-check of structural discovery: a proposed adapter is trusted only after it proved exact on a probe input.
 
-`prove(model, inputs, model_type, proposals, heads)` tries the readings of the proposals (`discovery.variants`) on a
+`prove(model, inputs, model_type, proposals, heads)` tries the readings of the proposals (`discovery_propose.variants`) on a
 perturbed copy of the model (`perturbed_copy`: every parameter that is not a Linear weight moved off its initial
 value, so that norm weights at 1 and biases at 0 cannot hide a dependency across heads) and returns the first
 adapter for which
@@ -24,7 +24,8 @@ import torch
 from torch import nn
 
 from prunetrain.engine.families.core import _get
-from prunetrain.engine.families.discovery import DiscoveredAdapter, Proposal, adapter_from_description, variants
+from prunetrain.engine.families.discovery_adapter import DiscoveredAdapter, adapter_from_description
+from prunetrain.engine.families.discovery_propose import Proposal, variants
 
 TOL = 1e-5
 PERTURBATION = (0.5, 0.1)
@@ -182,7 +183,7 @@ def reason(adapter: DiscoveredAdapter, perturbed: nn.Module, inputs: dict, culpr
                 f"[heads, 3, head_dim]")
     for module_path, module in core.named_modules():
         counted = [k for k, v in vars(module).items() if v == heads and not isinstance(v, bool) and not k.startswith(
-            "_") and f"{p.core + '.' if p.core else ''}{module_path + '.' if module_path else ''}{k}" not in p.count_attrs]
+            "_") and f"{p.core + '.' if p.core else ''}{module_path + '.' if module_path else ''}{k}" not in p.attrs.count_attrs]
         if module_path and counted:
             return (f"its submodule {module_path!r} ({type(module).__name__}) is built for {heads} heads "
                     f"({counted[0]}={heads}), which discovery does not know how to cut with them")

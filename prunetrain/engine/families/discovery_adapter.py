@@ -1,0 +1,118 @@
+"""Structural discovery, step 3: the adapter built from proven proposals (`DiscoveredAdapter`) and rebuilt from the
+description a pruned directory records (`adapter_from_description`; see `prunetrain.engine.families.discovery`).
+"""
+
+from __future__ import annotations
+
+import re
+
+import torch
+from torch import nn
+
+from prunetrain.engine.families.core import (LinearAttentionAdapter, _get, _layer_index, _set,
+                                             class_names, define_headless, head_rows, select_linear_in,
+                                             select_linear_out, switch_class)
+from prunetrain.engine.families.discovery_propose import Proposal, _has
+from prunetrain.engine.heads import AttentionSite, HeadSite
+
+
+class DiscoveredAdapter(LinearAttentionAdapter):
+    """An adapter built from proposals (subclassed per model type by `adapter_from_description`)."""
+
+    proposals: dict[str, Proposal] = {}
+    proposal: Proposal | None = None  # the first (usually only) one
+    original: dict[str, int] = {}  # site path -> heads when discovered
+
+    def description(self) -> dict:
+        """Everything that rebuilds this adapter (JSON): recorded in pruned directories."""
+        return {"model_type": self.model_types[0], "proposals": [p.to_dict() for p in self.proposals.values()],
+                "original_heads": dict(self.original)}
+
+    def proposal_of(self, module: nn.Module) -> Proposal:
+        return next(self.proposals[c] for c in class_names(module) if c in self.proposals)
+
+    def sites(self, model: nn.Module) -> list[AttentionSite]:
+        found = []
+        for path, module in model.named_modules():
+            if not class_names(module) & set(self.proposals):
+                continue
+            p = self.proposal_of(module)
+            heads, kv = self.head_counts_of(module, p)
+            info = HeadSite(name=path, kind=self.kind_of(model, path), layer=_layer_index(path), num_heads=heads,
+                            head_dim=p.head_dim, num_kv_heads=kv, heads=self.original_heads(model, path, heads),
+                            original_num_heads=self.original.get(path, heads),
+                            group_size=heads // kv if kv > 1 else 1)
+            found.append(AttentionSite(info=info, module=module, out_proj=_get(module, p.out), adapter=self,
+                                       root=model))
+        return found
+
+    @staticmethod
+    def head_counts_of(module: nn.Module, p: Proposal) -> tuple[int, int]:
+        heads = _get(module, p.out).in_features // p.head_dim
+        if len(p.projections) == 1:
+            return heads, heads
+        return heads, min(_get(module, name).out_features for name in p.projections) // p.head_dim
+
+    def remove_heads(self, site: AttentionSite, keep: torch.Tensor, select) -> None:
+        p, module, info = self.proposal_of(site.module), site.module, site.info
+        d, kv = p.head_dim, self.kv_heads_kept(site, keep)
+        q_rows = head_rows(keep, d)
+        if len(p.projections) == 1:
+            width = info.num_heads * d
+            rows = (torch.cat([q_rows, q_rows + width, q_rows + 2 * width]) if p.fused_layout == "blocks"
+                    else head_rows(keep, 3 * d))
+            select_linear_out(_get(module, p.projections[0]), rows, select)
+        else:
+            for name in p.projections:
+                proj = _get(module, name)
+                select_linear_out(proj, q_rows if proj.out_features == info.num_heads * d else head_rows(kv, d),
+                                  select)
+        select_linear_in(_get(module, p.out), q_rows, select)
+        for path, dim in p.per_head:
+            if _has(module, path):  # e.g. a position-bias table only the first layer holds
+                self._select_per_head(module, path, dim, keep if self._per_head_size(module, path, dim) ==
+                                      info.num_heads else kv, select)
+        for attr in p.attrs.count_attrs:
+            _set(module, attr, len(keep))
+        for attr in p.attrs.width_attrs:
+            _set(module, attr, len(keep) * d)
+        for attr in p.attrs.kv_count_attrs:
+            _set(module, attr, len(kv))
+        if p.attrs.groups_attr is not None and len(kv):
+            _set(module, p.attrs.groups_attr, len(keep) // len(kv))
+        if p.headless and len(keep) == 0:
+            target = _get(module, p.core) if p.core else module
+            switch_class(target, self.headless_class_of(target, p))
+
+    def headless_class_of(self, target: nn.Module, p: Proposal) -> str:
+        """Declare (once) the head-less form of `target`'s class: `core.headless_forward`, with the output projection
+        inside it (a site holding its projections) or applied by its caller (the BERT layout)."""
+        base = type(target)
+        name = re.sub(r"\W", "_", f"Headless{base.__name__}_{self.model_types[0]}")
+        out = None if p.core else p.out
+        return define_headless(name, lambda: base, out, "_pt_discovered_head_dim", cache_kwargs=self.cache_kwargs,
+                               head_dim_value=p.head_dim)
+
+    @staticmethod
+    def _per_head_size(module: nn.Module, path: str, dim: int) -> int:
+        part = _get(module, path)
+        return len(part) if isinstance(part, nn.ModuleList) else part.shape[dim]
+
+    @staticmethod
+    def _select_per_head(module: nn.Module, path: str, dim: int, index: torch.Tensor, select) -> None:
+        part = _get(module, path)
+        if isinstance(part, nn.ModuleList):
+            _set(module, path, nn.ModuleList([part[i] for i in index.tolist()]))
+        else:
+            select(part, dim, index)
+
+
+def adapter_from_description(description: dict) -> type[DiscoveredAdapter]:
+    """The adapter class a `DiscoveredAdapter.description()` describes (not registered)."""
+    model_type = description["model_type"]
+    proposals = {p["module_class"]: Proposal.from_dict(p) for p in description["proposals"]}
+    return type(f"Discovered_{model_type}", (DiscoveredAdapter,), {
+        "name": f"discovered:{model_type}", "model_types": (model_type,), "proposals": proposals,
+        "proposal": next(iter(proposals.values())), "module_classes": tuple(proposals),
+        "original": dict(description.get("original_heads", {})),
+    })
