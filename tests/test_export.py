@@ -151,13 +151,21 @@ def test_a_family_whose_shrunk_attention_needs_prunetrain_is_guarded_not_written
     assert not (tmp_path / "rc").exists()
 
 
-def test_save_pruned_refuses_a_model_with_a_mask_attached(tmp_path):
+def test_save_pruned_records_a_mask_attached_to_the_model(tmp_path):
+    """Formerly refused (masks were not saved); now recorded as every save records them (tests/test_saved_masks.py):
+    the directory loads as the masked model, and exports as the model shrunk with the mask."""
     model = tiny_model("bert")
-    random_mask(model, seed=1, empty_site=None).attach(model)
-    with pytest.raises(ValueError, match=r"model: an attached HeadMask removes or scales heads, and masks are not "
-                                         r"saved; shrink the model with it first"):
-        pt.save_pruned(model, tmp_path / "m")
-    assert not (tmp_path / "m").exists()
+    mask = random_mask(model, seed=1, empty_site=None).attach(model)
+    inputs = model_inputs("bert")
+    with torch.no_grad():
+        masked = model(**inputs).logits
+    pt.save_pruned(model, tmp_path / "m")
+    with torch.no_grad():
+        assert torch.equal(pt.load_pruned(tmp_path / "m")(**inputs).logits, masked)
+    summary = export(tmp_path / "m", tmp_path / "rc", "remote-code")
+    assert summary["heads"] == f"{mask.num_kept} heads (self {mask.num_kept})"
+    with torch.no_grad():
+        assert (pt.load_pruned(tmp_path / "rc")(**inputs).logits - masked).abs().max() <= 1e-5
 
 
 # ---------------------------------------------------------------------------------------------------------------------

@@ -24,6 +24,7 @@ import torch
 from torch import nn
 
 from prunetrain.engine.heads import AttentionSite, HeadLayout, attention_sites, find_heads, unwrap_model
+from prunetrain.engine.remote_code import adopt_loaded_masks, set_mask_recorder, unwatch_config, watch_config
 
 
 def scale_heads(x: torch.Tensor, values: torch.Tensor, head_dim: int) -> torch.Tensor:
@@ -175,23 +176,32 @@ class HeadMask:
             owner: who keeps this mask on the model (a pruning callback). A mask attached while another owner's
                 mask is attached warns (`UserWarning`): both apply, so two pruning callbacks on one model would
                 each remove heads. Temporary masks (importance probes, curves) pass no owner.
+
+        While attached, every save of the model (`save_pretrained`, `Trainer.save_model`, Trainer checkpoints)
+        records the mask (`saved_mask_record`), so the directory loads as the masked model, or not at all with plain
+        transformers (`prunetrain.engine.remote_code`).
         """
         if self.attached:
             raise RuntimeError("HeadMask.attach: this mask is already attached; call detach() first.")
         model = unwrap_model(model)  # record it under the model itself, not a DDP / accelerate wrapper
         sites = attention_sites(model)
         self.check_matches(sites)
-        others = [m for m in _attached_masks(model) if owner is not None and m._owner not in (None, owner)]
+        others = [m for m in _attached_masks(model) if owner is not None and m._owner not in (None, owner)
+                  and not isinstance(owner, SavedMask)]  # masks loaded together are one model's
         if others:
-            warnings.warn(f"model: {type(owner).__name__} attaches a HeadMask while another "
-                          f"{type(others[0]._owner).__name__} keeps one attached; both apply (their product), so "
-                          f"heads are pruned by each. Use one pruning callback per model.", UserWarning, stacklevel=2)
+            other = others[0]._owner
+            other = ((f"the mask saved with the model (by {other.name})" if other.name else "the mask saved with "
+                      "the model") if isinstance(other, SavedMask) else f"another {type(other).__name__}")
+            warnings.warn(f"model: {type(owner).__name__} attaches a HeadMask while {other} keeps one attached; "
+                          f"both apply (their product), so heads are pruned by each. Use one pruning callback per "
+                          f"model.", UserWarning, stacklevel=2)
         self._owner = owner
         for site in sites:
             hook = _HeadScale(self._values[site.info.name], site.info.head_dim)
             self._handles.append(site.out_proj.register_forward_pre_hook(hook))
         self._model_ref = model
         _attached_masks(model).append(self)
+        _watch(model)  # every save of the model now records this mask (prunetrain.engine.remote_code)
         return self
 
     def detach(self) -> None:
@@ -199,10 +209,11 @@ class HeadMask:
         for handle in self._handles:
             handle.remove()
         self._handles = []
-        if self._model_ref is not None:
-            masks = _attached_masks(self._model_ref)
+        model, self._model_ref = self._model_ref, None
+        if model is not None:
+            masks = _attached_masks(model)
             masks[:] = [m for m in masks if m is not self]  # by identity: an equal copy may be attached too
-        self._model_ref = None
+            _unwatch(model)
 
     @contextlib.contextmanager
     def applied(self, model: nn.Module) -> Iterator["HeadMask"]:
@@ -344,7 +355,10 @@ _ATTACHED: "weakref.WeakKeyDictionary[nn.Module, list]" = weakref.WeakKeyDiction
 
 
 def _attached_masks(model: nn.Module) -> list:
-    return _ATTACHED.setdefault(unwrap_model(model), [])
+    model = unwrap_model(model)
+    if LOADED_HOOKS_ATTR in vars(model):  # masks the modeling file of a pruned directory attached while loading
+        _adopt_loaded_hooks(model)
+    return _ATTACHED.setdefault(model, [])
 
 
 def stray_mask_hooks(model: nn.Module) -> list[str]:
@@ -360,4 +374,144 @@ def stray_mask_hooks(model: nn.Module) -> list[str]:
 
 def attached_masks(model: nn.Module) -> list[HeadMask]:
     """The HeadMasks currently attached to `model` (or to the model inside a DDP / accelerate wrapper)."""
-    return list(_ATTACHED.get(unwrap_model(model), []))
+    return list(_attached_masks(model))
+
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# masks saved with a model: every save records the attached masks and gates; loading attaches them again
+# ---------------------------------------------------------------------------------------------------------------------
+LOADED_HOOKS_ATTR = "_prunetrain_saved_masks"
+"""Attribute the standalone modeling file sets on a model it loaded with saved masks (its own hooks, their values
+and owners); prunetrain turns them into `HeadMask`s owned by `SavedMask` the first time it looks at the model."""
+
+_SCALERS: "weakref.WeakKeyDictionary[nn.Module, list]" = weakref.WeakKeyDictionary()
+
+
+class SavedMask:
+    """Owner of a mask that came with a model's weights (`load_pruned`, `restore_layout`, or the modeling file of a
+    pruned directory). `name` is the owner that had attached it when the model was saved (a callback's `name`, or
+    None): a callback resuming from a checkpoint restores its own mask or gates and takes that one back
+    (`release_saved_masks`); any other saved mask stays, as part of the model."""
+
+    def __init__(self, name: str | None):
+        self.name = name
+
+    def __repr__(self) -> str:
+        return f"SavedMask({self.name!r})"
+
+
+def owner_label(owner: object) -> str | None:
+    """How a save records who attached a mask: a callback's `name` (or its class name), a string as is, None."""
+    if owner is None or isinstance(owner, str):
+        return owner
+    if isinstance(owner, SavedMask):
+        return owner.name
+    name = getattr(owner, "name", None)
+    return name if isinstance(name, str) else type(owner).__name__
+
+
+def register_scaler(model: nn.Module, scaler) -> None:
+    """Record that `scaler` scales `model`'s heads with hooks of its own (Hard-Concrete gates): every save of the
+    model records `scaler.saved_keep()` ({site: keep value per head}: the model as it evaluates) as a mask, owned
+    by `scaler.owner`. `unregister_scaler` undoes it."""
+    model = unwrap_model(model)
+    _SCALERS.setdefault(model, []).append(scaler)
+    _watch(model)
+
+
+def unregister_scaler(model: nn.Module, scaler) -> None:
+    model = unwrap_model(model)
+    _SCALERS[model] = [s for s in _SCALERS.get(model, []) if s is not scaler]
+    _unwatch(model)
+
+
+def _watch(model: nn.Module) -> None:
+    watch_config(model)
+
+
+def _unwatch(model: nn.Module) -> None:
+    if not _ATTACHED.get(model) and not _SCALERS.get(model):
+        unwatch_config(model)
+
+
+def model_of_config(config) -> nn.Module | None:
+    """The model with masks or gates attached whose config is `config` (the config object a save writes)."""
+    for registry in (_ATTACHED, _SCALERS):
+        for model, items in list(registry.items()):
+            if items and getattr(model, "config", None) is config:
+                return model
+    return None
+
+
+def _record_for_config(config) -> tuple[nn.Module, list[dict]] | None:
+    model = model_of_config(config)
+    return None if model is None else (model, saved_mask_record(model))
+
+
+def saved_mask_record(model: nn.Module) -> list[dict]:
+    """What a save of `model` records of the masks and gates attached to it: one entry per mask that removes or
+    scales a head, in the order their hooks run, `{"owner": label, "sites": {site: {"out_proj": module path,
+    "head_dim": d, "keep": [keep value per head]}}}` (sites whose heads are all kept left out); [] if none.
+
+    Keep values are written as the float32 numbers the hooks multiply by, so a loaded model computes bit-identically.
+    Gates are recorded as the model evaluates (their deterministic test-time values)."""
+    model = unwrap_model(model)
+    items = [(mask._owner, mask.state_dict()) for mask in _attached_masks(model)]
+    items += [(scaler.owner, scaler.saved_keep()) for scaler in _SCALERS.get(model, [])]
+    if not items:
+        return []
+    sites = {site.info.name: site for site in attention_sites(model)}
+    paths = {id(module): name for name, module in model.named_modules()}
+    record = []
+    for owner, values in items:
+        changed = {name: keep.detach().float().cpu() for name, keep in values.items() if bool((keep != 1).any())}
+        if changed:
+            record.append({"owner": owner_label(owner), "sites": {
+                name: {"out_proj": paths[id(sites[name].out_proj)], "head_dim": sites[name].info.head_dim,
+                       "keep": [float(x) for x in keep.tolist()]} for name, keep in changed.items()}})
+    return record
+
+
+def attach_saved_masks(model: nn.Module, record: list[dict]) -> list[HeadMask]:
+    """Attach the masks a save recorded (`saved_mask_record`) to `model`, each a `HeadMask` owned by `SavedMask`
+    of its recorded owner, in the recorded order; returns them. A record that does not fit the model is a
+    ValueError from `HeadMask` (naming the site)."""
+    model = unwrap_model(model)
+    layout = find_heads(model)
+    masks = []
+    for entry in record:
+        mask = HeadMask.ones(layout)
+        for name, site in entry["sites"].items():
+            mask[name] = site["keep"]
+        masks.append(mask)
+    for entry, mask in zip(record, masks):  # all checked before the first is attached
+        mask.attach(model, owner=SavedMask(entry.get("owner")))
+    return masks
+
+
+def release_saved_masks(model: nn.Module, owner: object) -> int:
+    """Detach the masks saved with `model` that `owner` had attached (a callback resuming from a checkpoint: its
+    restored state holds that mask, or the gates it was recorded from). Returns how many were detached."""
+    label = owner_label(owner)
+    saved = [m for m in _attached_masks(model) if isinstance(m._owner, SavedMask) and m._owner.name == label]
+    for mask in saved:
+        mask.detach()
+    return len(saved)
+
+
+def _adopt_loaded_hooks(model: nn.Module) -> None:
+    """The modeling file's own hooks (a model loaded with `trust_remote_code=True`) become `HeadMask`s owned by
+    `SavedMask`, which prunetrain saves, shrinks, releases and refuses like any other (same values, same
+    arithmetic: the model computes exactly as before)."""
+    loaded = vars(model).pop(LOADED_HOOKS_ATTR, None) or []
+    for entry in loaded:
+        for handle in entry["handles"]:
+            handle.remove()
+    adopt_loaded_masks(model)
+    attach_saved_masks(model, [{"owner": entry["owner"], "sites": {name: {"keep": keep}
+                                                                  for name, keep in entry["sites"].items()}}
+                               for entry in loaded])
+
+
+set_mask_recorder(_record_for_config)  # every save of a config finds the masks attached to its model

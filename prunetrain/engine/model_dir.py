@@ -313,9 +313,10 @@ def check_finite(model: nn.Module, path: Path, argument: str) -> None:
 def load_model_dir(path: str | os.PathLike, *, attn_implementation: str | None = None,
                    device: str | torch.device | None = None, argument: str = "model") -> nn.Module:
     """A saved model in eval mode, after `check_model_dir`: `prunetrain.load_pruned` when the directory holds a
-    prunetrain layout, else Hugging Face `from_pretrained` with the class named in its config (`architectures[0]`,
-    falling back to `AutoModel`). Refused: a tensor of the model missing from the weights, a floating-point weight
-    stored as integers (a header that lies about its dtype), and NaN or infinite parameters.
+    prunetrain layout (masks saved with the model shrink it: what they remove is gone), else Hugging Face
+    `from_pretrained` with the class named in its config (`architectures[0]`, falling back to `AutoModel`).
+    Refused: a tensor of the model missing from the weights, a floating-point weight stored as integers (a header
+    that lies about its dtype), and NaN or infinite parameters.
 
     Args:
         path: the model directory.
@@ -331,7 +332,7 @@ def load_model_dir(path: str | os.PathLike, *, attn_implementation: str | None =
     with _quiet_transformers():
         if (path / LAYOUT_FILE).is_file():
             try:
-                model = load_pruned(path)
+                model = load_pruned(path, masks="shrink")  # saved masks made physical: inference and export
             except ValueError as err:  # load_pruned names its argument "path"; name it as the caller does
                 raise ValueError(f"{argument}: {str(err).removeprefix('path: ')}") from None
         else:

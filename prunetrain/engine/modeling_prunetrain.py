@@ -16,7 +16,11 @@ weights are loaded, so the weights fit exactly:
 - `bias_select`: a shrunk site of a model with one position bias shared by all layers (T5: one row per original
   head) picks its own heads from the full bias and hands the full bias on;
 - `headless_cache`: head-less self-attention sites whose KV-cache layer must count positions from the keys'
-  position axis (`[batch, 0 heads, positions, head_dim]` is not "empty").
+  position axis (`[batch, 0 heads, positions, head_dim]` is not "empty");
+- `masks`: the head masks that were attached when the model was saved (a Trainer checkpoint taken between a
+  prune and its shrink, a model whose gates became a mask). The weights hold every head; each mask multiplies
+  head h's slice of its output projection's input by its keep value, with the same float32 values and the same
+  arithmetic as prunetrain's hooks, so the loaded model computes bit-identically to the saved one.
 
 The config also carries a guard: `model_type` is `<type>-pruned-by-prunetrain` (no transformers class claims it, so
 `AutoConfig`/`AutoModel*` ask for `trust_remote_code=True`) and the strictly typed model width (`hidden_size`, else
@@ -171,6 +175,38 @@ def _mark_cache_layer(kwarg_names):
     return hook
 
 
+class SavedHeadScale:
+    """Forward pre-hook of a saved mask: head h's slice of the output projection's input `[..., H * d]` times
+    keep[h]."""
+
+    def __init__(self, keep: list, head_dim: int):
+        self.keep = [float(x) for x in keep]  # a tensor is made where it is used (models are built on the meta device)
+        self.head_dim = int(head_dim)
+        self._values = None
+
+    def __call__(self, module, args):
+        x, *rest = args
+        if self._values is None:
+            self._values = torch.tensor(self.keep, dtype=torch.float32, device="cpu")
+        values = self._values.to(device=x.device, dtype=x.dtype)
+        return ((x.unflatten(-1, (-1, self.head_dim)) * values[:, None]).flatten(-2), *rest)
+
+
+def _attach_masks(model: nn.Module, masks: list, modules: dict) -> None:
+    """Install the saved masks as hooks, in the order they ran, and note them on the model (`_prunetrain_saved_masks`:
+    prunetrain, when it is there, turns them into its own masks)."""
+    saved = []
+    for entry in masks:
+        sites, handles = {}, []
+        for site, record in entry["sites"].items():
+            out_proj = modules[_locate(model, record["out_proj"], modules)]
+            handles.append(out_proj.register_forward_pre_hook(SavedHeadScale(record["keep"], record["head_dim"])))
+            sites[_locate(model, site, modules)] = list(record["keep"])
+        saved.append({"owner": entry.get("owner"), "sites": sites, "handles": handles})
+    if saved:
+        model._prunetrain_saved_masks = saved
+
+
 def apply_layout(model: nn.Module, spec: dict) -> None:
     """Reshape `model` (built from the original config) to the recorded pruned layout, before weights load."""
     modules = dict(model.named_modules())
@@ -193,6 +229,7 @@ def apply_layout(model: nn.Module, spec: dict) -> None:
     for path, kwarg_names in spec.get("headless_cache", {}).items():
         module = modules[_locate(model, path, modules)]
         module.register_forward_hook(_mark_cache_layer(tuple(kwarg_names)), with_kwargs=True)
+    _attach_masks(model, spec.get("masks", []), modules)
 
 
 def _unguarded(config_dict: dict) -> dict:

@@ -8,6 +8,8 @@ layout file and the tensors' shapes first) and loads the tensors with transforme
 directory is also self-contained (`modeling_prunetrain.py` + `auto_map`, and a guard that makes a plain
 `from_pretrained` refuse it; see `prunetrain.engine.remote_code` and docs/export.md). Any save of a shrunk model
 writes all of it (`save_pretrained`, `Trainer.save_model`, Trainer checkpoints): `shrink` records it on the config.
+So does any save of a model with a HeadMask (or gates) attached that removes or scales heads: the weights stay
+whole, the masks are recorded in `config.json`, and `load_pruned` attaches them again (or shrinks with them).
 No pickles are read or written.
 """
 
@@ -22,10 +24,11 @@ import torch
 from torch import nn
 
 from prunetrain.engine.heads import LAYOUT_CONFIG_KEY, HeadLayout, find_heads, layout_record, unwrap_model
-from prunetrain.engine.mask import HeadMask, attached_masks
-from prunetrain.engine.remote_code import LAYOUT_FILE, PORTABLE_ATTENTION, mark_pruned, running_attention
+from prunetrain.engine.mask import HeadMask, attach_saved_masks
+from prunetrain.engine.remote_code import LAYOUT_FILE, PORTABLE_ATTENTION, SPEC_KEY, mark_pruned, running_attention
 from prunetrain.engine.shrink import shrink
 from prunetrain.utils.output_paths import replace_directory, staging_directory
+from prunetrain.utils.validate import check_choice
 
 
 def save_pruned(model: nn.Module, path: str | os.PathLike, overwrite: bool = False) -> Path:
@@ -39,17 +42,14 @@ def save_pruned(model: nn.Module, path: str | os.PathLike, overwrite: bool = Fal
     `overwrite=True`.
 
     Args:
-        model: the model (a DDP/FSDP-style `.module` wrapper is unwrapped); an attached HeadMask that is not all
-            ones is an error (its hooks are not saved; shrink with it first).
+        model: the model (a DDP/FSDP-style `.module` wrapper is unwrapped). Attached HeadMasks (and Hard-Concrete
+            gates, as the model evaluates) that remove or scale heads are recorded with the whole weights, as every
+            save of the model records them: `load_pruned` (and the modeling file) attach them again.
         path: the directory to write.
         overwrite: replace an existing non-empty `path`.
     """
     model = unwrap_model(model)
     path = Path(path)
-    for mask in attached_masks(model):
-        if any(bool((values != 1).any()) for values in mask.values()):
-            raise ValueError("model: an attached HeadMask removes or scales heads, and masks are not saved; shrink "
-                             "the model with it first (prunetrain.shrink(model, mask)) or detach it.")
     if path.exists() and (not path.is_dir() or any(path.iterdir())) and not overwrite:
         raise ValueError(f"path: {str(path)!r} already exists and is not empty; pass overwrite=True to replace it.")
     mark_pruned(model)  # the record every save_pretrained of a shrunk model writes, taken from the model as it is now
@@ -102,13 +102,14 @@ def shrink_to_layout(model: nn.Module, layout_or_config) -> HeadLayout:
 
 
 def load_pruned(
-    path: str | os.PathLike, device: str | torch.device | None = None, attn_implementation: str | None = None
+    path: str | os.PathLike, device: str | torch.device | None = None, attn_implementation: str | None = None,
+    masks: str = "attach",
 ) -> nn.Module:
     """Rebuild a model saved by `save_pruned`, with exactly its per-site heads and weights (in eval mode).
 
     Refused with one sentence: recorded head indices outside a site's heads, a layout file that differs from the
-    config's record, tensors whose shapes do not fit the recorded layout (naming the site, tensor and shapes), and
-    missing or unexpected tensors.
+    config's record, tensors whose shapes do not fit the recorded layout (naming the site, tensor and shapes),
+    missing or unexpected tensors, and a saved mask that does not fit the model.
 
     Args:
         path: a directory written by `save_pruned`, or by any save of a shrunk model (`save_pretrained`,
@@ -117,9 +118,14 @@ def load_pruned(
         attn_implementation: "eager", "sdpa", "flex_attention", ... as in `from_pretrained`; by default the one the
             saved model ran (recorded in the layout file), so the loaded model computes bit-identically (kernels
             differ in the last bits: a T5 saved while running eager and reloaded with sdpa differs by ~1e-6).
+        masks: what to do with the masks saved with the model (a save taken while a HeadMask or gates were
+            attached): "attach" them again (the model as it was saved, whole weights, bit-identical; what resuming
+            needs), or "shrink" the model with them (removed heads go, soft keep values are folded into the output
+            projections: a smaller model that computes the same up to rounding; what inference and export want).
     """
     import transformers
 
+    check_choice("masks", masks, MASK_CHOICES)
     path = Path(path)
     if not (path / LAYOUT_FILE).is_file() or not (path / "config.json").is_file():
         raise ValueError(f"path: {str(path)!r} is not a pruned model directory (expected config.json and "
@@ -148,6 +154,7 @@ def load_pruned(
     if probe_layout.to_dict() != saved_layout.to_dict():
         raise ValueError(f"path: the head layout in {LAYOUT_FILE} does not match the one recorded in config.json.")
     _check_shapes(path, probe, _saved_shapes(path), saved_layout)
+    saved_masks = saved_masks_of(json.loads((path / "config.json").read_text()), probe, f"path: {str(path)!r}")
     del probe
 
     # transformers' own loader (it converts checkpoint key formats, e.g. fused MoE experts), on a class whose
@@ -163,9 +170,70 @@ def load_pruned(
         kind, keys = next(iter(problems.items()))
         raise ValueError(f"path: {str(path)!r} does not fit its recorded layout ({kind.replace('_', ' ')}: "
                          f"{sorted(map(str, keys))[:3]}).")
+    apply_saved_masks(model, saved_masks, masks)
     if device is not None:
         model.to(device)
     return model.eval()
+
+
+MASK_CHOICES = ("attach", "shrink")
+
+
+def saved_masks_of(config: dict, model: nn.Module, where: str) -> list[dict]:
+    """The masks a directory's `config.json` (a dict) records (`prunetrain.engine.mask.saved_mask_record`),
+    checked against `model` (built with the directory's layout): a damaged record is one ValueError naming `where`
+    and the problem, before any weight is read."""
+    record = (config.get(SPEC_KEY) or {}).get("masks") if isinstance(config.get(SPEC_KEY), dict) else None
+    if record is None:
+        return []
+    problem = _mask_record_problem(record)
+    if problem is None:
+        try:
+            _masks_from_record(model, record)
+        except ValueError as err:
+            problem = str(err).rstrip(".")
+    if problem is not None:
+        raise ValueError(f"{where}: the masks recorded in its config.json do not fit the model ({problem}).")
+    return record
+
+
+def _mask_record_problem(record) -> str | None:
+    if not isinstance(record, list):
+        return f"'masks' is {type(record).__name__}, expected a list"
+    for entry in record:
+        sites = entry.get("sites") if isinstance(entry, dict) else None
+        if not isinstance(sites, dict) or not all(isinstance(s, dict) and isinstance(s.get("keep"), list)
+                                                  for s in sites.values()):
+            return "an entry is not {'owner': ..., 'sites': {site: {'keep': [...]}}}"
+        if not (entry.get("owner") is None or isinstance(entry.get("owner"), str)):
+            return f"owner {entry.get('owner')!r} is not a name"
+    return None
+
+
+def _masks_from_record(model: nn.Module, record: list[dict]) -> list[HeadMask]:
+    masks = []
+    for entry in record:
+        mask = HeadMask.ones(model)
+        for name, site in entry["sites"].items():
+            mask[name] = site["keep"]  # checks the site, the head count and the values
+        masks.append(mask)
+    return masks
+
+
+def apply_saved_masks(model: nn.Module, record: list[dict], masks: str = "attach") -> None:
+    """Attach the recorded masks to `model` again (`masks="attach"`), or shrink `model` with their product
+    (`"shrink"`: a group-aligned shrink under grouped-query attention keeps a group any head of which is kept, its
+    other heads zeroed in the output projection, so the result is exact)."""
+    if not record:
+        return
+    if masks == "attach":
+        attach_saved_masks(model, record)
+        return
+    product = HeadMask.ones(model)
+    for mask in _masks_from_record(model, record):
+        for name, values in mask.items():
+            product[name] = product[name] * values
+    shrink(model, product, gqa_rounding="keep")
 
 
 def _quiet_from_pretrained(cls, path, **kwargs):

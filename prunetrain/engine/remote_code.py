@@ -13,6 +13,14 @@ modeling file and `prunetrain_layout.json`. transformers writes a model's config
 it has (`save_pretrained`, `Trainer.save_model`, every Trainer checkpoint, `push_to_hub`), so each of them writes a
 complete pruned directory, before the weights (and before any upload).
 
+**Every save of a masked model is a pruned directory too.** While a `HeadMask` (or Hard-Concrete gates) is attached,
+the config has that class as well (`watch_config`), and each save records, under `masks`, every attached mask that
+removes or scales a head, as the float32 keep values its hooks multiply by (gates: their deterministic test-time
+values, the model as it evaluates). The weights stay whole (the Trainer saves what it trains, and resuming needs
+it); the modeling file, `load_pruned` and `restore_layout` attach the masks again, so the directory loads as the
+masked model, bit for bit. A callback that resumes from the checkpoint takes back the mask it had attached
+(`prunetrain.engine.mask.release_saved_masks`).
+
 The guard: `model_type` becomes `<model_type>-pruned-by-prunetrain` (no transformers class claims it, so
 `AutoConfig`/`AutoModel*` need `trust_remote_code=True`, and `AutoTokenizer` falls back to the tokenizer's own files)
 and the model width field (`hidden_size`, `d_model`, ...) holds a message that a plain `XxxForYyy.from_pretrained`
@@ -43,6 +51,11 @@ their towers' sub-configs: `text_config`). `vocab_size` is not one: the base cla
 message there breaks `AutoTokenizer` and the Trainer's resume."""
 GUARD_MESSAGE = ("this model was pruned by prunetrain and has a different number of attention heads per layer; load "
                  "it with from_pretrained(path, trust_remote_code=True) or prunetrain.load_pruned(path)")
+GUARD_MESSAGE_MASKED = ("this model has attention heads masked by prunetrain (its weights still hold the heads the "
+                        "mask removes or scales); load it with from_pretrained(path, trust_remote_code=True) or "
+                        "prunetrain.load_pruned(path)")
+SHAPE_KEYS = ("params", "attrs", "classes", "bias_select", "headless_cache", "refusal")
+"""Sections of the record that say the model's shapes (or code) differ from its architecture's: a shrunk model."""
 GUARD_MESSAGE_PRUNETRAIN_ONLY = ("this model was pruned by prunetrain and has a different number of attention heads "
                                  "per layer, in attention code only prunetrain has; load it with "
                                  "prunetrain.load_pruned(path)")
@@ -139,7 +152,7 @@ def remote_spec(model: nn.Module) -> dict:
             elif type(owner).__name__ == "T5BiasSelection":
                 continue  # its hook on the shared bias table; installed again with the site's hooks
             elif type(owner).__name__ == "_HeadScale":
-                continue  # an attached HeadMask: save_pruned refuses one that is not all ones
+                continue  # an attached HeadMask: every save records it apart (`saved_mask_record`)
             else:
                 raise ValueError(f"model: module {path!r} carries a prunetrain hook "
                                  f"({getattr(hook, '__qualname__', type(owner).__name__)}) that the standalone "
@@ -192,8 +205,9 @@ class PrunedConfigWriter:
 
     def to_json_file(self, json_file_path, use_diff: bool = True) -> None:
         super().to_json_file(json_file_path, use_diff=use_diff)
-        if getattr(self, SPEC_KEY, None):
-            write_pruned_files(Path(json_file_path), self)
+        model, masks = _live_masks(self)
+        if getattr(self, SPEC_KEY, None) or masks:
+            write_pruned_files(Path(json_file_path), self, model, masks)
 
     def __reduce_ex__(self, protocol):  # pickles and deep copies rebuild the same pruned class
         return _pruned_config, (original_config_class(type(self)), dict(vars(self)))
@@ -224,6 +238,64 @@ def _pruned_config(cls: type, state: dict):
     return config
 
 
+_MASK_RECORDERS: list = []
+
+
+def set_mask_recorder(recorder) -> None:
+    """Install `recorder(config) -> (model, record) | None`: the model whose masks or gates are attached and whose
+    config is `config`, with what a save records of them (`prunetrain.engine.mask` installs it when imported; a
+    process that never imported it has no masks to record)."""
+    _MASK_RECORDERS[:] = [recorder]
+
+
+def _live_masks(config) -> tuple[nn.Module | None, list]:
+    found = next((r for r in (recorder(config) for recorder in _MASK_RECORDERS) if r is not None), None)
+    return found if found is not None else (None, [])
+
+
+def watch_config(model: nn.Module) -> None:
+    """A mask or gates were attached to `model` (`prunetrain.engine.mask`): its config's class becomes the pruned
+    form, whose every save records them (`PrunedConfigWriter`). Configs that are not transformers configs are left."""
+    from transformers import PreTrainedConfig
+
+    config = getattr(unwrap_model(model), "config", None)
+    if isinstance(config, PreTrainedConfig):
+        config.__class__ = pruned_config_class(type(config))
+
+
+def unwatch_config(model: nn.Module) -> None:
+    """The last mask or gates were detached from `model`: an unshrunk model's config is its own class again."""
+    config = getattr(unwrap_model(model), "config", None)
+    if isinstance(config, PrunedConfigWriter) and not getattr(config, SPEC_KEY, None):
+        config.__class__ = original_config_class(type(config))
+
+
+def adopt_loaded_masks(model: nn.Module) -> None:
+    """The masks the modeling file attached while loading `model` are now prunetrain's `HeadMask`s: its config's
+    record no longer lists them (every save records the attached masks as they are then)."""
+    config = getattr(unwrap_model(model), "config", None)
+    spec = getattr(config, SPEC_KEY, None)
+    if isinstance(spec, dict):
+        spec.pop("masks", None)
+    watch_config(model)
+
+
+def _model_record(net: nn.Module) -> dict:
+    """The classes, auto classes and head layout every pruned directory records (`standalone: False` with the
+    reason when the classes are not transformers')."""
+    import transformers
+
+    config_class, model_class = original_config_class(type(net.config)).__name__, plain_model_class(type(net)).__name__
+    spec: dict = {}
+    if not hasattr(transformers, config_class) or not hasattr(transformers, model_class):
+        spec = {"standalone": False, "refusal": f"{model_class} is not a class of the transformers package"}
+    spec["classes_of"] = {"config": config_class, "model": model_class}
+    if spec.get("standalone", True):
+        spec["auto_classes"] = auto_classes(net)
+    spec["layout"] = layout_record(net)
+    return spec
+
+
 def mark_pruned(model: nn.Module) -> None:
     """Record on `model.config` what every save of `model` needs to write a pruned directory (called by `shrink`).
 
@@ -249,24 +321,38 @@ def mark_pruned(model: nn.Module) -> None:
         spec = {"standalone": False, "refusal": f"{type(err).__name__}: {str(err)[:200]}"}
     if not spec:
         vars(config).pop(SPEC_KEY, None)
-        config.__class__ = original_config_class(type(config))
+        if _live_masks(config)[0] is None:  # attached masks or gates keep the pruned class (every save records them)
+            config.__class__ = original_config_class(type(config))
         return
-    config_class, model_class = original_config_class(type(config)).__name__, plain_model_class(type(net)).__name__
-    if not hasattr(transformers, config_class) or not hasattr(transformers, model_class):
-        spec = {"standalone": False, "refusal": f"{model_class} is not a class of the transformers package"}
-    spec["classes_of"] = {"config": config_class, "model": model_class}
-    if spec.get("standalone", True):
-        spec["auto_classes"] = auto_classes(net)
-    spec["layout"] = layout_record(net)
+    record = _model_record(net)
+    spec = record if not record.get("standalone", True) else {**record, **spec}
+    if not spec.get("standalone", True):
+        spec.pop("auto_classes", None)
     config.__class__ = pruned_config_class(type(config))
     setattr(config, SPEC_KEY, spec)
 
 
-def write_pruned_files(config_path: Path, config) -> None:
+def write_pruned_files(config_path: Path, config, model: nn.Module | None = None, masks: list | None = None) -> None:
     """Guard the `config.json` that `config` just wrote at `config_path`, and write the modeling file (unless the
-    model needs prunetrain's own code) and `prunetrain_layout.json` beside it (see the module docstring)."""
+    model needs prunetrain's own code) and `prunetrain_layout.json` beside it (see the module docstring).
+
+    Args:
+        config_path: the file `config` was just written to.
+        config: a config with a shrink record (`mark_pruned`), or of a model with masks or gates attached.
+        model: the model whose masks or gates are attached (None: the record on the config is written as it is).
+        masks: their record (`prunetrain.engine.mask.saved_mask_record`), written under `masks`.
+    """
     data = json.loads(config_path.read_text(encoding="utf-8"))
-    spec = copy.deepcopy(getattr(config, SPEC_KEY))
+    data.update((data.get(SPEC_KEY) or {}).get("guard") or {})  # a config read from a pruned directory: real values
+    spec = copy.deepcopy(getattr(config, SPEC_KEY, None) or {})
+    for key in ("guard", "guarded"):
+        spec.pop(key, None)
+    if model is not None:
+        spec.pop("masks", None)
+        if masks:
+            spec["masks"] = masks
+        if "classes_of" not in spec:  # masked, never shrunk: the model as it is
+            spec.update(_model_record(model))
     guard = next((field for field in GUARD_FIELDS if field in data), None)
     if guard is None:
         raise ValueError(f"model: its config has none of the top-level fields {', '.join(GUARD_FIELDS)}, so "
@@ -274,8 +360,9 @@ def write_pruned_files(config_path: Path, config) -> None:
                          f"full-size attention.")
     standalone = spec.get("standalone", True)
     spec["guard"] = {guard: data[guard], "model_type": data["model_type"]}
-    spec["guarded"] = {guard: GUARD_MESSAGE if standalone else GUARD_MESSAGE_PRUNETRAIN_ONLY,
-                       "model_type": data["model_type"] + MODEL_TYPE_SUFFIX}
+    shrunk = any(key in spec for key in SHAPE_KEYS)
+    message = GUARD_MESSAGE_PRUNETRAIN_ONLY if not standalone else GUARD_MESSAGE if shrunk else GUARD_MESSAGE_MASKED
+    spec["guarded"] = {guard: message, "model_type": data["model_type"] + MODEL_TYPE_SUFFIX}
     data.update(spec["guarded"])
     data[SPEC_KEY] = spec
     attn = running_attention(config)

@@ -26,13 +26,14 @@ from __future__ import annotations
 
 import math
 import re
+import weakref
 from typing import Iterable
 
 import torch
 from torch import nn
 
 from prunetrain.engine.heads import KINDS, HeadLayout, attention_sites, find_heads, unwrap_model
-from prunetrain.engine.mask import HeadMask, scale_heads
+from prunetrain.engine.mask import HeadMask, register_scaler, scale_heads, unregister_scaler
 from prunetrain.utils.device import device_of
 from prunetrain.utils.validate import check_kinds
 
@@ -84,6 +85,8 @@ class HardConcreteGates(nn.Module):
         })
         self._current: dict[str, torch.Tensor] = {}
         self._handles: list = []
+        self._model_refs: list = []  # a weak reference to the model attached to (not a submodule, not copied)
+        self.owner: str | None = None  # who attached the gates (a callback's name): every save records it
 
     # distribution -----------------------------------------------------------------------------------------------
     def site_log_alpha(self, name: str) -> torch.Tensor:
@@ -237,6 +240,8 @@ class HardConcreteGates(nn.Module):
         for name in self.site_names:
             hook = _GateHook(self, name, sites[name].info.head_dim)
             self._handles.append(sites[name].out_proj.register_forward_pre_hook(hook))
+        self._model_refs = [weakref.ref(model)]
+        register_scaler(model, self)  # every save of the model records the gates as it evaluates (`saved_keep`)
         return self
 
     def detach(self) -> None:
@@ -244,6 +249,18 @@ class HardConcreteGates(nn.Module):
             handle.remove()
         self._handles = []
         self._current = {}
+        for ref in self._model_refs:
+            if ref() is not None:
+                unregister_scaler(ref(), self)
+        self._model_refs = []
+
+    def saved_keep(self) -> dict[str, torch.Tensor]:
+        """The gates as a save records them: the deterministic test-time value of every gated head (the model as
+        it evaluates, `model.eval()`), as float32 on the CPU. Sampled training-time gates are noise; the gates'
+        parameters and their optimizer travel in the callback's checkpoint state."""
+        with torch.no_grad():
+            return {name: self.deterministic(name).detach().float().cpu().repeat_interleave(self.heads_per_gate[name])
+                    for name in self.site_names}
 
     def _resample(self, model: nn.Module, args) -> None:
         self._current = self.gate_values(training=model.training)

@@ -13,14 +13,14 @@ import torch.distributed as dist
 from torch import nn
 
 from prunetrain.engine.heads import attention_sites, find_heads, unwrap_model
-from prunetrain.engine.mask import HeadMask
+from prunetrain.engine.mask import HeadMask, release_saved_masks
 from prunetrain.engine.shrink import shrink
 from prunetrain.methods.constraints import apply_constraints, check_constraints
 from prunetrain.methods.gates import HardConcreteGates, LagrangianBudget, gates_for
 from prunetrain.training.base import PrunetrainCallback, check_callback_kinds, check_model_kinds, when
 from prunetrain.training.distributed import find_ddp, rebuild_ddp, world_size
 from prunetrain.training.points import is_whole_epoch, label
-from prunetrain.training.state import load_optimizer_state, optimizer_state
+from prunetrain.training.state import guard_weight_loading, load_optimizer_state, optimizer_state
 from prunetrain.utils.device import device_of
 from prunetrain.utils.plots import heatmap_figure
 from prunetrain.utils.validate import check_choice, check_int, check_positive_float
@@ -150,6 +150,8 @@ class HardConcreteCallback(PrunetrainCallback):
         layout = find_heads(net)
         check_model_kinds(self.kinds, layout)
         self.gates = gates_for(net, kinds=self.kinds, init_log_alpha=self.init_log_alpha, seed=self.seed)
+        self.gates.owner = self.name  # saves record the gates as this callback's (taken back on resume)
+        guard_weight_loading(net)
         gated = sum(layout[n].num_heads for n in self.gates.site_names)
         if isinstance(self.target_heads, int) and self.target_heads > gated:
             raise ValueError(f"target_heads: {self.target_heads} is more than the {gated} gated heads.")
@@ -196,7 +198,8 @@ class HardConcreteCallback(PrunetrainCallback):
 
     def on_train_begin(self, args, state, control, model=None, **kwargs):
         self._setup(args, state, model)
-        self._restore(args, state)
+        if self._restore(args, state) and model is not None:
+            release_saved_masks(model, self)  # the checkpoint's record of the gates: restored with this state
         if self.gates is not None:
             self.gates.to(device_of(unwrap_model(model)))
             if not self.gates.attached and state.global_step >= self.start_step:  # resumed after the start

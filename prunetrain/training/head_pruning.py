@@ -12,7 +12,7 @@ from __future__ import annotations
 from typing import Any, Callable, Iterable, Mapping
 
 from prunetrain.engine.heads import HeadLayout, find_heads, unwrap_model
-from prunetrain.engine.mask import HeadMask
+from prunetrain.engine.mask import HeadMask, release_saved_masks
 from prunetrain.engine.shrink import shrink
 from prunetrain.methods.importance import HeadScores, get_scorer, random_scores
 from prunetrain.methods.constraints import apply_constraints, check_constraints
@@ -23,6 +23,7 @@ from prunetrain.training.distributed import find_ddp, rebuild_ddp
 from prunetrain.training.points import (Plan, Point, amount_decreases, check_amount_schedule, check_step_points,
                                         epoch_spec, file_label, label, resolve)
 from prunetrain.training.scheduled import ScheduledCallback
+from prunetrain.training.state import guard_weight_loading
 from prunetrain.utils.validate import ALL_BATCHES, check_amount, check_amount_convention, check_choice, check_int
 
 MODES = ("mask", "shrink")
@@ -133,6 +134,7 @@ class HeadPruningCallback(ScheduledCallback):
         self.check_engine(model, args)
         check_epochs_fit(args, self._last_epoch, "at_epochs/prune")
         if model is not None:
+            guard_weight_loading(model)  # a resume into a model of the wrong shape says what to do, in one line
             layout = find_heads(model)
             check_model_kinds(self.kinds, layout)
             self._check_amounts_fit(layout)
@@ -165,7 +167,10 @@ class HeadPruningCallback(ScheduledCallback):
 
     def on_train_begin(self, args, state, control, model=None, train_dataloader=None, **kwargs):
         self._setup(args, state, model)
-        if self._restore(args, state) and self.mask is not None and self.mask.num_kept < self.mask.num_heads:
+        restored = self._restore(args, state)
+        if restored and model is not None:
+            release_saved_masks(model, self)  # the checkpoint's record of this callback's mask: restored below
+        if restored and self.mask is not None and self.mask.num_kept < self.mask.num_heads:
             if self.mode == "mask":
                 self.mask.attach(model, owner=self)
         self._start_plan(args, state, train_dataloader)

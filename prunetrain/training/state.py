@@ -18,8 +18,8 @@ import torch
 from safetensors.torch import load_file, save_file
 from torch import nn
 
-from prunetrain.engine.heads import LAYOUT_CONFIG_KEY, HeadLayout
-from prunetrain.engine.persist import shrink_to_layout
+from prunetrain.engine.heads import LAYOUT_CONFIG_KEY, HeadLayout, attention_sites, unwrap_model
+from prunetrain.engine.persist import apply_saved_masks, saved_masks_of, shrink_to_layout
 
 TENSORS_KEY = "_prunetrain_tensors"  # in a callback's JSON state: whether a .safetensors file belongs to it
 
@@ -129,11 +129,13 @@ def last_complete_checkpoint(output_dir: str | Path, callbacks: Iterable | None 
 
 
 def restore_layout(model: nn.Module, checkpoint: str | Path) -> HeadLayout:
-    """Shrink a freshly built model to the head layout recorded in a checkpoint's `config.json`.
+    """Shrink a freshly built model to the head layout recorded in a checkpoint's `config.json`, and attach the
+    masks saved with it (a checkpoint taken while a mask or gates were attached).
 
     Needed before `trainer.train(resume_from_checkpoint=...)` when the run pruned with `mode="shrink"`: the
     Trainer loads the checkpoint's (smaller) weights before any callback runs, so the model must already have the
-    checkpoint's shape. A checkpoint of an unshrunk model leaves the model as it is.
+    checkpoint's shape. A checkpoint of an unshrunk, unmasked model leaves the model as it is. The prunetrain
+    callbacks of the resumed run take back the masks they had attached (their state holds them).
 
     Args:
         model: the freshly built model (or its DDP wrapper).
@@ -145,10 +147,53 @@ def restore_layout(model: nn.Module, checkpoint: str | Path) -> HeadLayout:
     config = Path(checkpoint) / "config.json"
     if not config.is_file():
         raise ValueError(f"checkpoint: {str(checkpoint)!r} has no config.json; it is not a Trainer checkpoint.")
+    data = json.loads(config.read_text())
     try:
-        return shrink_to_layout(model, json.loads(config.read_text()).get(LAYOUT_CONFIG_KEY) or {})
+        layout = shrink_to_layout(model, data.get(LAYOUT_CONFIG_KEY) or {})
     except ValueError as err:
         raise ValueError(f"checkpoint: {str(checkpoint)!r} does not fit this model ({err}).") from None
+    net = unwrap_model(model)
+    apply_saved_masks(net, saved_masks_of(data, net, f"checkpoint: {str(checkpoint)!r}"))
+    return layout
 
 
-__all__ = ["RngState", "last_complete_checkpoint", "restore_layout"]
+def guard_weight_loading(model: nn.Module) -> None:
+    """Make `model.load_state_dict` of weights whose attention shapes differ from the model's fail with one line
+    that says what to do, instead of torch's size-mismatch listing: the Trainer loads a checkpoint into the model it
+    was given when resuming (a shrunk checkpoint into a freshly built full-size model) and at the end of training
+    with `load_best_model_at_end` (a checkpoint from before a shrink into the shrunk model). Installed once per
+    model by the pruning callbacks (a `load_state_dict` pre-hook that only reads shapes)."""
+    net = unwrap_model(model)
+    if not getattr(net, "_prunetrain_load_guard", False):
+        net.register_load_state_dict_pre_hook(_check_head_shapes)
+        net._prunetrain_load_guard = True
+
+
+def _check_head_shapes(module, state_dict, prefix, *args) -> None:
+    if prefix:  # a load into a submodule of the model: not the Trainer's
+        return
+    modules = {id(m): name for name, m in module.named_modules()}
+    for site in attention_sites(module):
+        for part in (site.module, site.out_proj):
+            for name, tensor in [*part.named_parameters(recurse=True), *part.named_buffers(recurse=True)]:
+                key = f"{modules[id(part)]}.{name}".lstrip(".")
+                theirs = state_dict.get(key)
+                if theirs is not None and tuple(theirs.shape) != tuple(tensor.shape):
+                    raise ValueError(_shape_message(site.info.name, key, tuple(theirs.shape), tuple(tensor.shape)))
+
+
+def _shape_message(site: str, key: str, theirs: tuple, own: tuple) -> str:
+    shapes = f"tensor {key!r} of site {site!r} is {theirs} in them, {own} in the model"
+    if torch.Size(theirs).numel() < torch.Size(own).numel():
+        return (f"model: the weights being loaded have fewer attention heads than the model ({shapes}): they are "
+                f"a checkpoint of a run that shrank its heads; give the model their layout first with "
+                f"prunetrain.restore_layout(model, checkpoint), or load it with prunetrain.load_pruned(checkpoint), "
+                f"then resume with trainer.train(resume_from_checkpoint=checkpoint).")
+    return (f"model: the weights being loaded have more attention heads than the model ({shapes}): they were saved "
+            f"before the model was shrunk, and a shrunk model cannot take heads back (load_best_model_at_end does "
+            f"this when the best checkpoint is from before a shrink); set load_best_model_at_end=False, or load that "
+            f"checkpoint as a model of its own with prunetrain.load_pruned(checkpoint) or from_pretrained(checkpoint, "
+            f"trust_remote_code=True).")
+
+
+__all__ = ["RngState", "guard_weight_loading", "last_complete_checkpoint", "restore_layout"]
