@@ -58,15 +58,13 @@ def speed_study(model: nn.Module, batches: Iterable, *, fractions: Sequence[floa
 def _speed_journal(model: nn.Module, fractions: Sequence[float], config, bench_options: Mapping, out_dir,
                    args: Mapping | None):
     """The fractions > 0 (checked), the benchmark's `BenchConfig` and the study's journal (tagged with both)."""
-    from dataclasses import asdict
-
     from prunetrain.bench import BenchConfig
 
     fractions = [f for f in check_fractions(fractions) if f > 0]
     if not fractions:
         raise ValueError("fractions: needs at least one fraction > 0 (0 is the full model, the baseline).")
     config = BenchConfig.with_options(config, bench_options)
-    settings = {k: v for k, v in asdict(config).items() if k not in ("inputs", "device")}
+    settings = {k: v for k, v in config.to_dict().items() if k not in ("inputs", "device")}
     settings = json.loads(json.dumps(settings, default=str))
     journal = Journal(out_dir, "speed", {"study": "speed", "fractions": fractions, "bench": settings,
                                          "layout": layout_args(model), **dict(args or {})})
