@@ -7,7 +7,7 @@ from typing import Optional
 
 import typer
 
-from prunetrain.cli import UserError, _emit, app
+from prunetrain.cli.common import UserError, app, emit
 from prunetrain.utils.validate import check_choice
 
 FORMATS = ("remote-code", "uniform", "padded", "onnx", "gguf")  # prunetrain.export.formats.FORMATS (kept import-free here)
@@ -44,7 +44,7 @@ def export_command(
         from prunetrain.export.formats import check_formats
 
         reasons = check_formats(source)
-        _emit({"source": str(source), "formats": {f: {"possible": r is None, **({"why_not": r} if r else {})}
+        emit({"source": str(source), "formats": {f: {"possible": r is None, **({"why_not": r} if r else {})}
                                                   for f, r in reasons.items()}}, None)
         return
     if destination is None:
@@ -67,4 +67,4 @@ def export_command(
             raise UserError(f"--format: gguf is checked in llama.cpp; {missing}")
     from prunetrain.export.formats import export
 
-    _emit(export(source, destination, format, overwrite=overwrite, gguf_type=gguf_type), None)
+    emit(export(source, destination, format, overwrite=overwrite, gguf_type=gguf_type), None)

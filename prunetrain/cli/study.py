@@ -14,8 +14,8 @@ from typing import Optional
 import typer
 from typer.core import TyperGroup
 
-from prunetrain.cli import (TOKENIZER_HELP, UserError, _check_data_dir, _emit, _fractions, _ints, _model, _positive,
-                            _tokenizer, _translation_batches, app)
+from prunetrain.cli.common import (TOKENIZER_HELP, UserError, app, check_data_dir, check_positive, emit, load_model,
+                                   load_tokenizer, parse_fractions, parse_ints, translation_batches)
 
 
 
@@ -89,7 +89,7 @@ def _bleu(model: Path, tokenizer: Optional[Path], data_dir: Path, split: str, se
     from prunetrain.mt.data import read_parallel
     from prunetrain.mt.metrics import bleu_metric
 
-    tok = _tokenizer(model, tokenizer)
+    tok = load_tokenizer(model, tokenizer)
     pairs = read_parallel(data_dir, split, limit=sentences)
     settings = {"model": str(model.resolve()), "data": str(data_dir.resolve()), "split": split,
                 "sentences": len(pairs), "beams": beams}
@@ -98,7 +98,7 @@ def _bleu(model: Path, tokenizer: Optional[Path], data_dir: Path, split: str, se
 
 def _finish(name: str, output: Path, result: dict, drop: tuple[str, ...]) -> None:
     summary = {k: v for k, v in result.items() if k not in drop + ("args", "study")}
-    _emit({"study": name, "output": str(output), **summary}, None)
+    emit({"study": name, "output": str(output), **summary}, None)
 
 
 def _read_ablation(path: Optional[Path]) -> Optional[dict]:
@@ -131,12 +131,12 @@ def ablate(model: Path = MODEL, data_dir: Path = DATA_DIR, split: str = SPLIT, s
     significantly, and how many improve it. Writes ablation.json, ablation.md (Table 1), ablation_hist.png."""
     from prunetrain.methods.studies import ablate_each_head
 
-    _positive(sentences=sentences, beams=beams, batch_size=batch_size)
+    check_positive(sentences=sentences, beams=beams, batch_size=batch_size)
     _threshold(threshold)
     test = _significance(bootstrap_samples, alpha)
-    _check_data_dir(data_dir)
+    check_data_dir(data_dir)
     out = _output(output, "ablate", model=model, data_dir=data_dir, tokenizer=tokenizer)
-    net = _model(model)
+    net = load_model(model)
     metric, settings = _bleu(model, tokenizer, data_dir, split, sentences, beams, batch_size, sentence_stats=True)
     result = ablate_each_head(net, metric, key="bleu", threshold=threshold, out_dir=out, args=settings, **test)
     _finish("ablate", out, result, ("heads",))
@@ -154,13 +154,13 @@ def one_head(model: Path = MODEL, data_dir: Path = DATA_DIR, split: str = SPLIT,
     each change tested for significance (paired bootstrap). Writes one_head_per_layer.json, .md and .png."""
     from prunetrain.methods.studies import keep_one_head_per_layer
 
-    _positive(sentences=sentences, beams=beams, batch_size=batch_size)
+    check_positive(sentences=sentences, beams=beams, batch_size=batch_size)
     _threshold(threshold)
     test = _significance(bootstrap_samples, alpha)
-    _check_data_dir(data_dir)
+    check_data_dir(data_dir)
     previous = _read_ablation(ablation)
     out = _output(output, "one-head", model=model, data_dir=data_dir, tokenizer=tokenizer)
-    net = _model(model)
+    net = load_model(model)
     metric, settings = _bleu(model, tokenizer, data_dir, split, sentences, beams, batch_size, sentence_stats=True)
     try:
         result = keep_one_head_per_layer(net, metric, key="bleu", ablation=previous, threshold=threshold,
@@ -193,14 +193,14 @@ def cross_dataset(model: Path = MODEL, data_dir: Path = DATA_DIR, split: str = S
     from prunetrain.methods.studies import cross_dataset as run
 
     other_sentences = sentences if other_sentences is None else other_sentences
-    _positive(sentences=sentences, other_sentences=other_sentences, beams=beams, batch_size=batch_size)
+    check_positive(sentences=sentences, other_sentences=other_sentences, beams=beams, batch_size=batch_size)
     test = _significance(bootstrap_samples, alpha)
-    _check_data_dir(data_dir)
-    _check_data_dir(other_data_dir, "--other-data-dir")
+    check_data_dir(data_dir)
+    check_data_dir(other_data_dir, "--other-data-dir")
     previous = _read_ablation(ablation)
     out = _output(output, "cross-dataset", model=model, data_dir=data_dir, other_data_dir=other_data_dir,
                   tokenizer=tokenizer)
-    net = _model(model)
+    net = load_model(model)
     first, settings_a = _bleu(model, tokenizer, data_dir, split, sentences, beams, batch_size, sentence_stats=True)
     if previous is not None:
         saved = previous.get("args", {})
@@ -222,7 +222,7 @@ def cross_dataset(model: Path = MODEL, data_dir: Path = DATA_DIR, split: str = S
 
 
 def _importance_batches(model: Path, tokenizer: Optional[Path], data_dir: Path, num_batches: int, net):
-    return _translation_batches(model, tokenizer, data_dir, "train", num_batches, 64, net)[2]
+    return translation_batches(model, tokenizer, data_dir, "train", num_batches, 64, net)[2]
 
 
 @study_app.command("curves")
@@ -237,18 +237,18 @@ def curves(model: Path = MODEL, data_dir: Path = DATA_DIR, split: str = SPLIT, s
     pruning_curves.json and pruning_curves.png."""
     from prunetrain.methods.studies import pruning_curves_study
 
-    _positive(sentences=sentences, beams=beams, batch_size=batch_size, num_batches=num_batches, seeds=seeds)
-    grid = _fractions(fractions)
+    check_positive(sentences=sentences, beams=beams, batch_size=batch_size, num_batches=num_batches, seeds=seeds)
+    grid = parse_fractions(fractions)
     _threshold(threshold)
-    _check_data_dir(data_dir)
+    check_data_dir(data_dir)
     out = _output(output, "curves", model=model, data_dir=data_dir, tokenizer=tokenizer)
-    net = _model(model)
+    net = load_model(model)
     metric, settings = _bleu(model, tokenizer, data_dir, split, sentences, beams, batch_size)
     batches = _importance_batches(model, tokenizer, data_dir, num_batches, net)
     result = pruning_curves_study(net, metric, batches, key="bleu", fractions=grid, random_seeds=range(seeds),
                                   threshold=threshold, out_dir=out, args={**settings, "num_batches": num_batches})
     summary = {name: [[p["fraction"], p["value"]] for p in c["points"]] for name, c in result["curves"].items()}
-    _emit({"study": "curves", "output": str(out), "summary": result["summary"], "curves": summary}, None)
+    emit({"study": "curves", "output": str(out), "summary": result["summary"], "curves": summary}, None)
 
 
 @study_app.command("per-kind")
@@ -260,18 +260,18 @@ def per_kind(model: Path = MODEL, data_dir: Path = DATA_DIR, split: str = SPLIT,
     order), and which kind is most sensitive. Writes per_kind_curves.json and per_kind_curves.png."""
     from prunetrain.methods.studies import per_kind_curves
 
-    _positive(sentences=sentences, beams=beams, batch_size=batch_size, num_batches=num_batches)
-    grid = _fractions(fractions)
+    check_positive(sentences=sentences, beams=beams, batch_size=batch_size, num_batches=num_batches)
+    grid = parse_fractions(fractions)
     _threshold(threshold)
-    _check_data_dir(data_dir)
+    check_data_dir(data_dir)
     out = _output(output, "per-kind", model=model, data_dir=data_dir, tokenizer=tokenizer)
-    net = _model(model)
+    net = load_model(model)
     metric, settings = _bleu(model, tokenizer, data_dir, split, sentences, beams, batch_size)
     batches = _importance_batches(model, tokenizer, data_dir, num_batches, net)
     result = per_kind_curves(net, metric, batches, key="bleu", fractions=grid, threshold=threshold, out_dir=out,
                              args={**settings, "num_batches": num_batches})
     summary = {name: [[p["fraction"], p["value"]] for p in c["points"]] for name, c in result["curves"].items()}
-    _emit({"study": "per-kind", "output": str(out), "summary": result["summary"], "curves": summary}, None)
+    emit({"study": "per-kind", "output": str(out), "summary": result["summary"], "curves": summary}, None)
 
 
 @study_app.command("speed")
@@ -289,22 +289,22 @@ def speed(model: Path = MODEL, data_dir: Path = DATA_DIR, num_batches: int = NUM
     from prunetrain.methods.studies import speed_study
     from prunetrain.utils.validate import check_choice, check_int
 
-    _positive(num_batches=num_batches, repeats=repeats, **({"threads": threads} if threads is not None else {}))
+    check_positive(num_batches=num_batches, repeats=repeats, **({"threads": threads} if threads is not None else {}))
     check_int("--warmup", warmup, 0)
-    grid = _fractions(fractions)
+    grid = parse_fractions(fractions)
     if not any(f > 0 for f in grid):
         raise UserError(f"--fractions: {fractions!r} holds no fraction > 0 (0 is the full model, the baseline).")
-    sizes, lens = _ints("--batch-sizes", batch_sizes), _ints("--seq-lens", seq_lens)
+    sizes, lens = parse_ints("--batch-sizes", batch_sizes), parse_ints("--seq-lens", seq_lens)
     modes = [g.strip() for g in generate.split(",") if g.strip()]
     for mode in modes:
         check_choice("--generate", mode, GENERATE_MODES)
-    _check_data_dir(data_dir)
+    check_data_dir(data_dir)
     out = _output(output, "speed", model=model, data_dir=data_dir, tokenizer=tokenizer)
-    net = _model(model)
+    net = load_model(model)
     batches = _importance_batches(model, tokenizer, data_dir, num_batches, net)
     result = speed_study(net, batches, fractions=grid, batch_sizes=sizes, seq_lens=lens, generate=modes or None,
                          repeats=repeats, warmup=warmup, threads=threads, out_dir=out,
                          args={"model": str(model.resolve()), "data": str(data_dir.resolve()),
                                "num_batches": num_batches})
-    _emit({"study": "speed", "output": str(out), "paper": result["paper"], "table": result["table"]}, None)
+    emit({"study": "speed", "output": str(out), "paper": result["paper"], "table": result["table"]}, None)
     typer.echo((out / "speed.md").read_text(), err=True)
