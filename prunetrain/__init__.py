@@ -8,7 +8,9 @@ Head engine:
 Michel et al. (2019):  head_importance, HeadScores, select_heads, iterative_prune, pruning_curve (Ranking,
                        HeadScope)
 Voita et al. (2019):   HardConcreteGates
-Trainer callbacks:     HeadPruningCallback, PruningCurveCallback, HardConcreteCallback, MetricPointsCallback
+Trainer callbacks:     HeadPruningCallback, PruningCurveCallback, HardConcreteCallback, MetricPointsCallback; their
+                       options: Schedule (when), Heads (which), Importance (how), Output (where), CurveSweep,
+                       GateTraining
 """
 
 from prunetrain.engine.families import FamilyAdapter, register, supported_families
@@ -38,6 +40,9 @@ _LAZY = {
     "HardConcreteCallback": "prunetrain.training.hard_concrete", "restore_layout": "prunetrain.training.state",
     "last_complete_checkpoint": "prunetrain.training.state",
     "MetricPointsCallback": "prunetrain.training.metric_points",
+    "Schedule": "prunetrain.training.options", "Heads": "prunetrain.training.options",
+    "Importance": "prunetrain.training.options", "Output": "prunetrain.training.options",
+    "CurveSweep": "prunetrain.training.options", "GateTraining": "prunetrain.training.options",
     # benchmarks
     "benchmark": "prunetrain.bench", "BenchResult": "prunetrain.bench", "BenchConfig": "prunetrain.bench",
 }

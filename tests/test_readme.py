@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import re
+import warnings
 from pathlib import Path
 
 import pytest
@@ -78,11 +79,20 @@ def _trainer_namespace(tmp_path, multi30k_dir, eval_name: str, eval_split: str, 
             "tok": tok, eval_name: read_parallel(multi30k_dir, eval_split, limit=4)}
 
 
+def _deprecations(caught) -> list[str]:
+    """prunetrain's own deprecation warnings among `caught` (the old keyword form of the callbacks)."""
+    return [str(w.message) for w in caught if issubclass(w.category, DeprecationWarning)
+            and "stop working in prunetrain 0.2" in str(w.message)]
+
+
 @pytest.mark.slow
 def test_the_trainer_example(tmp_path, multi30k_dir):
     namespace = _trainer_namespace(tmp_path, multi30k_dir, "dev_pairs", "valid", num_train_epochs=10)
     model = namespace["model"]
-    exec(compile(block("PruningCurveCallback(at_epochs"), "README.md", "exec"), namespace)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        exec(compile(block("PruningCurveCallback(Schedule"), "README.md", "exec"), namespace)
+    assert not _deprecations(caught), "the README shows the deprecated keyword form"
     out = tmp_path / "run" / "prunetrain"
     # 32 pairs in batches of 16: 2 steps per epoch; files and curves are keyed by global step, labelled with the epoch
     assert {p.name for p in out.glob("importance_step*.json")} >= {f"importance_step{2 * e}_epoch{e}.00.json"
@@ -98,7 +108,10 @@ def test_the_mask_then_shrink_example(tmp_path, multi30k_dir):
     """The README's schedule as written (masks at 450 and 950, shrinks at 700 and 1200) on a tiny model."""
     namespace = _trainer_namespace(tmp_path, multi30k_dir, "test_pairs", "test", max_steps=1250)
     model = namespace["model"]
-    exec(compile(block("MetricPointsCallback("), "README.md", "exec"), namespace)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        exec(compile(block("MetricPointsCallback("), "README.md", "exec"), namespace)
+    assert not _deprecations(caught), "the README shows the deprecated keyword form"
     clock, pruning = namespace["clock"], namespace["pruning"]
     assert [(e["step"], e["mode"], e["heads_after"]) for e in pruning.events] == [
         (450, "mask", 18), (700, "mask", 12), (700, "shrink", 12), (950, "mask", 9), (1200, "mask", 6),

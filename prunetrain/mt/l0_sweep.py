@@ -99,15 +99,17 @@ def gate_run(model: nn.Module, tokenizer, train_set, valid_pairs, out: Path, *, 
              recipe: GateSweepRecipe, bf16: bool) -> dict:
     """Fine-tune `model` (modified in place) with Hard-Concrete gates, shrink it to the deterministic gates and score
     it. Returns the run record (also written to `out/result.json`)."""
-    from prunetrain.training.callbacks import HardConcreteCallback
     from prunetrain.engine.shrink import shrink
     from prunetrain.mt.translation import evaluate_bleu
+    from prunetrain.training.callbacks import HardConcreteCallback
+    from prunetrain.training.options import GateTraining, Heads, Output
 
     t, ev = recipe.train, recipe.eval
     started = time.time()
-    callback = HardConcreteCallback(lam, target_heads=target_heads, kinds=kinds, freeze=freeze, gate_lr=t.gate_lr,
-                                    lagrangian_lr=t.lagrangian_lr, init_log_alpha=t.init_log_alpha, seed=t.seed,
-                                    finalize="none", output_dir=str(out))
+    training = GateTraining(gate_lr=t.gate_lr, lagrangian_lr=t.lagrangian_lr, init_log_alpha=t.init_log_alpha,
+                            seed=t.seed)
+    callback = HardConcreteCallback(lam, target_heads=target_heads, heads=Heads(kinds=kinds), freeze=freeze,
+                                    finalize="none", training=training, output=Output(output_dir=str(out)))
     args = _training_args(out, steps=t.steps, batch_size=t.batch_size, learning_rate=t.learning_rate,
                           label_smoothing=t.label_smoothing, seed=t.seed, bf16=bf16, logging_steps=t.logging_steps)
     model.train()

@@ -125,6 +125,7 @@ def make_callbacks(recipe: Recipe, inputs: RunInputs) -> tuple[list, TimeCapCall
     from prunetrain.mt.metrics import bleu_metric
     from prunetrain.training.callbacks import HardConcreteCallback, HeadPruningCallback, PruningCurveCallback
     from prunetrain.training.metric_points import MetricPointsCallback
+    from prunetrain.training.options import CurveSweep, GateTraining, Heads, Importance, Schedule
 
     p, t, ev = recipe.pruning, recipe.train, recipe.eval
     late = beyond_epochs(recipe)  # listed by run_recipe, never silently dropped
@@ -142,24 +143,24 @@ def make_callbacks(recipe: Recipe, inputs: RunInputs) -> tuple[list, TimeCapCall
     if p.kept_per_kind:  # each pruning step prunes each kind its share of the kind's final amount
         prune = {e: recipe.kind_amounts(f) for e, f in p.schedule.items()} or None
         prune_steps = {s: recipe.kind_amounts(f) for s, f in p.schedule_steps.items()} or None
-    pruning = HeadPruningCallback(at_epochs=epochs, at_steps=p.importance_steps,
-                                  prune=None if l0 else prune,
-                                  prune_steps=None if l0 else prune_steps, mode=p.mode,
-                                  shrink_steps=() if l0 else p.shrink_steps, scope=p.scope,
-                                  min_heads_per_layer=p.min_heads_per_layer, batches=inputs.importance_batches)
-    callbacks = [clock, pruning]
+    heads = Heads(scope=p.scope, min_heads_per_layer=p.min_heads_per_layer)
+    importance = Importance(batches=inputs.importance_batches)
+    schedule = Schedule(at_epochs=epochs, at_steps=p.importance_steps, prune=None if l0 else prune,
+                        prune_steps=None if l0 else prune_steps, shrink_steps=() if l0 else p.shrink_steps)
+    callbacks = [clock, HeadPruningCallback(schedule, heads=heads, importance=importance, mode=p.mode)]
     if l0:
-        callbacks.append(HardConcreteCallback(target_heads=p.l0_target_heads, gate_lr=p.l0_gate_lr,
-                                              lagrangian_lr=p.l0_lagrangian_lr, init_log_alpha=p.l0_init_log_alpha,
-                                              seed=t.seed, start_step=p.l0_start_step, finalize="shrink"))
+        gates = GateTraining(gate_lr=p.l0_gate_lr, lagrangian_lr=p.l0_lagrangian_lr,
+                             init_log_alpha=p.l0_init_log_alpha, seed=t.seed)
+        callbacks.append(HardConcreteCallback(target_heads=p.l0_target_heads, start_step=p.l0_start_step,
+                                              finalize="shrink", training=gates))
     if curve_epochs or p.curve_steps:
         metric = bleu_metric(inputs.tokenizer, inputs.curve_pairs, batch_size=recipe.eval.curve_batch_size,
                              autocast_bf16=inputs.bf16)
-        callbacks.append(PruningCurveCallback(
-            at_epochs=curve_epochs, at_steps=p.curve_steps, metric=metric, metric_key="bleu",
-            fractions=p.curve_fractions, relative=p.curve_relative, importance_batches=inputs.importance_batches,
-            order="both" if p.curve_random_baseline else "importance", scope=p.scope,
-            min_heads_per_layer=p.min_heads_per_layer))
+        sweep = CurveSweep(fractions=p.curve_fractions, relative=p.curve_relative,
+                           order="both" if p.curve_random_baseline else "importance")
+        callbacks.append(PruningCurveCallback(Schedule(at_epochs=curve_epochs, at_steps=p.curve_steps),
+                                              metric=metric, metric_key="bleu", sweep=sweep, heads=heads,
+                                              importance=importance))
     time_cap = TimeCapCallback(t.max_minutes, watch=[c for c in callbacks if hasattr(c, "expect_end")])
     return callbacks + [time_cap], time_cap, clock
 

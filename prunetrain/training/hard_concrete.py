@@ -6,7 +6,7 @@ exactly in whole groups (or refused before the first step when no set of groups 
 from __future__ import annotations
 
 import math
-from typing import Callable
+from typing import Any, Callable
 
 import torch
 import torch.distributed as dist
@@ -15,10 +15,11 @@ from torch import nn
 from prunetrain.engine.heads import attention_sites, find_heads, unwrap_model
 from prunetrain.engine.mask import HeadMask, release_saved_masks
 from prunetrain.engine.shrink import shrink
-from prunetrain.methods.constraints import apply_constraints, check_constraints
+from prunetrain.methods.constraints import apply_constraints
 from prunetrain.methods.gates import HardConcreteGates, LagrangianBudget, gates_for
-from prunetrain.training.base import PrunetrainCallback, check_callback_kinds, check_model_kinds, when
+from prunetrain.training.base import PrunetrainCallback, check_model_kinds, when
 from prunetrain.training.distributed import find_ddp, rebuild_ddp, world_size
+from prunetrain.training.options import GateTraining, Heads, Output, resolve_options
 from prunetrain.training.points import is_whole_epoch, label
 from prunetrain.training.state import guard_weight_loading, load_optimizer_state, optimizer_state
 from prunetrain.utils.device import device_of
@@ -40,20 +41,24 @@ class HardConcreteCallback(PrunetrainCallback):
     L = L_xent + λ Σ (1 − P(g = 0)) (Voita eq. 6). The Trainer's logged loss is L_xent; the penalty is logged
     separately.
 
+    Example (Voita §6.2: encoder self-attention gated, decoder frozen; or a head budget)::
+
+        HardConcreteCallback(lam=0.05, heads=Heads(kinds=["encoder_self"]), freeze="decoder")
+        HardConcreteCallback(target_heads=24, training=GateTraining(gate_lr=0.05), start_step=600)
+
     Args:
         lam: λ of the L0 penalty λ Σ_i (1 − P(g_i = 0)) (Voita eq. 6). Exactly one of `lam` and `target_heads`
             is given.
         target_heads: a head budget: keep this many gated heads (int) or this share of them (float in (0, 1]),
             reached with a Lagrangian on the expected L0 (`LagrangianBudget`).
-        kinds: which attention kinds are gated (default all; Voita §6.2 gates "encoder_self" only).
+        heads: which heads are gated (`Heads`: `kinds`, default all, Voita §6.2 gates "encoder_self" only) and the
+            `constraints` the final mask is made to satisfy (units ranked by log α), e.g.
+            `ServingConstraints(same_heads_per_kind=True)` for a uniform layout. Gates decide per head, so
+            `scope` stays "global" and `min_heads_per_layer` unset.
         freeze: None, "decoder" (Voita §6.2: the decoder is frozen while encoder heads are gated), "model"
             (only the gates train — then the Trainer needs at least one trainable parameter, so prefer
             "decoder" or a predicate) or a predicate name -> bool. Applied before the Trainer builds its optimizer,
             so frozen weights are left out of it; undone (each parameter's `requires_grad` restored) at train end.
-        gate_lr: the gates' own learning rate (Adam, no weight decay).
-        lagrangian_lr: the multipliers' learning rate (Adam, gradient ascent).
-        init_log_alpha: initial log α of every gate.
-        seed: seed of the gates' initial noise.
         start_step: the global step after which the gates join training (0: from the start). Before it the model
             trains as it is; gates started on an untrained model close heads before any head has learnt anything
             (measured: a 36-of-144 budget from step 0 left the wmt-small-deen model at ~1 BLEU).
@@ -63,10 +68,11 @@ class HardConcreteCallback(PrunetrainCallback):
             adapter refuses, are refused when the Trainer is built): "mask" attaches it to the
             model, "shrink" removes the heads (also under DDP and FSDP2, where every rank removes the same heads:
             the gate gradients are averaged over ranks), "none" only records it.
-        output_dir: where files go (default `<output_dir>/prunetrain`).
-        tensorboard: write TensorBoard scalars and figures.
-        constraints: a `prunetrain.methods.constraints.ServingConstraints` the final mask is made to satisfy (units
-            ranked by log α), e.g. `ServingConstraints(same_heads_per_kind=True)` for a uniform layout; None: none.
+        training: how the gates train (`GateTraining`: gate_lr, lagrangian_lr, init_log_alpha, seed).
+        output: where files go (`Output`: default `<output_dir>/prunetrain`, with TensorBoard).
+        **deprecated: the former keyword form (`kinds`, `constraints`, `gate_lr`, `lagrangian_lr`,
+            `init_log_alpha`, `seed`, `output_dir`, `tensorboard`), still accepted with one DeprecationWarning until
+            prunetrain 0.2.
 
     Logs: at every Trainer logging step the expected L0, the penalty and λ (λ1, λ2 of the Lagrangian with a budget)
     and the heads whose gate is open join the Trainer's logs (`LOG_KEYS`): the console, `trainer.state.log_history`
@@ -77,13 +83,20 @@ class HardConcreteCallback(PrunetrainCallback):
 
     name = "hard-concrete"
 
-    def __init__(self, lam: float | None = None, *, target_heads: int | float | None = None, kinds=None,
-                 freeze: str | Callable[[str], bool] | None = None, gate_lr: float = 0.1,
-                 lagrangian_lr: float = 0.05, init_log_alpha: float = 3.0, seed: int = 0, start_step: int = 0,
-                 finalize: str = "mask", output_dir: str | None = None, tensorboard: bool = True,
-                 constraints=None):
-        super().__init__(output_dir, tensorboard)
-        self.constraints = check_constraints(constraints)
+    OPTIONS = {"heads": Heads, "training": GateTraining, "output": Output}
+
+    def __init__(self, lam: float | None = None, *, target_heads: int | float | None = None, heads: Heads | None = None,
+                 freeze: str | Callable[[str], bool] | None = None, start_step: int = 0, finalize: str = "mask",
+                 training: GateTraining | None = None, output: Output | None = None, **deprecated: Any):
+        options = resolve_options(type(self).__name__, dict(heads=heads, training=training, output=output),
+                                  self.OPTIONS, deprecated)
+        self.heads, self.training, self.output = (options[k] for k in self.OPTIONS)
+        super().__init__(self.output.output_dir, self.output.tensorboard)
+        if self.heads.scope != "global" or self.heads.min_heads_per_layer is not None:
+            raise ValueError(f"heads: HardConcreteCallback gates every head of `kinds`, so it takes no scope "
+                             f"({self.heads.scope!r}) or min_heads_per_layer ({self.heads.min_heads_per_layer!r}); "
+                             f"leave them unset.")
+        self.constraints = self.heads.constraints
         if (lam is None) == (target_heads is None):
             raise ValueError(f"lam, target_heads: give exactly one (a penalty weight λ or a head budget), got "
                              f"lam={lam!r}, target_heads={target_heads!r}.")
@@ -97,15 +110,15 @@ class HardConcreteCallback(PrunetrainCallback):
                 raise ValueError(f"target_heads: {target_heads!r} is not a share in (0, 1] of the gated heads.")
             if isinstance(target_heads, int) and target_heads < 0:
                 raise ValueError(f"target_heads: {target_heads!r} is negative.")
-        check_positive_float("gate_lr", gate_lr)
-        check_positive_float("lagrangian_lr", lagrangian_lr)
         if not (freeze is None or callable(freeze) or freeze in ("decoder", "model")):
             raise ValueError(f"freeze: {freeze!r} is not one of None, 'decoder', 'model' or a function name -> bool.")
         check_choice("finalize", finalize, FINALIZE)
         self.start_step = check_int("start_step", start_step, 0)
-        self.kinds = check_callback_kinds(kinds)
+        self.kinds = self.heads.kind_list
         self.lam, self.target_heads, self.freeze = lam, target_heads, freeze
-        self.gate_lr, self.lagrangian_lr, self.init_log_alpha, self.seed = gate_lr, lagrangian_lr, init_log_alpha, seed
+        t = self.training
+        self.gate_lr, self.lagrangian_lr, self.init_log_alpha, self.seed = (t.gate_lr, t.lagrangian_lr,
+                                                                            t.init_log_alpha, t.seed)
         self.finalize = finalize
         self.gates: HardConcreteGates | None = None
         self.lagrangian: LagrangianBudget | None = None

@@ -9,22 +9,22 @@ both the global step and the exact fractional epoch (`prunetrain.training.schedu
 
 from __future__ import annotations
 
-from typing import Any, Callable, Iterable, Mapping
+from typing import Any
 
 from prunetrain.engine.heads import HeadLayout, find_heads, unwrap_model
 from prunetrain.engine.mask import HeadMask, release_saved_masks
 from prunetrain.engine.shrink import shrink
 from prunetrain.methods.importance import HeadScores, get_scorer, random_scores
-from prunetrain.methods.constraints import apply_constraints, check_constraints
-from prunetrain.methods.selection import SCOPES, iterative_prune, select_heads
-from prunetrain.training.base import (check_callback_kinds, check_epochs_fit, check_model_kinds, first_batches,
-                                      importance_heatmap, kept_summary, local_share)
+from prunetrain.methods.constraints import apply_constraints
+from prunetrain.methods.selection import iterative_prune, select_heads
+from prunetrain.training.base import (check_epochs_fit, check_model_kinds, first_batches, importance_heatmap,
+                                      kept_summary, local_share)
 from prunetrain.training.distributed import find_ddp, rebuild_ddp
-from prunetrain.training.points import (Plan, Point, amount_decreases, check_amount_schedule, check_step_points,
-                                        epoch_spec, file_label, label, resolve)
+from prunetrain.training.options import Heads, Importance, Output, Schedule, resolve_options
+from prunetrain.training.points import Plan, Point, amount_decreases, file_label, label, resolve
 from prunetrain.training.scheduled import ScheduledCallback
 from prunetrain.training.state import guard_weight_loading
-from prunetrain.utils.validate import ALL_BATCHES, check_amount, check_amount_convention, check_choice, check_int
+from prunetrain.utils.validate import ALL_BATCHES, check_amount, check_choice
 
 MODES = ("mask", "shrink")
 
@@ -32,102 +32,75 @@ MODES = ("mask", "shrink")
 class HeadPruningCallback(ScheduledCallback):
     """Head importance at chosen points and, optionally, pruning on a schedule.
 
+        HeadPruningCallback(Schedule(at_epochs=[1, 2, 5], prune={5: 0.2, 8: 0.4}))
+        HeadPruningCallback(Schedule(at_epochs=[], prune_steps={450: 0.25, 700: 0.5}, shrink_steps=[700]),
+                            heads=Heads(kinds=["encoder_self"]), importance=Importance(batches=dev_batches))
+
     Args:
-        at_epochs: when to compute (and record) importance: a list of epoch points in increasing order (ints or
-            fractional floats: `[0.5, 1, 2.25]`), an int N (every N whole epochs) or a function epoch -> bool
-            (whole epochs). Importance is also computed at every pruning point.
-        at_steps: more importance points, as global optimizer steps (increasing).
-        prune: None (only record), or the cumulative amount pruned by a point: a dict {epoch: amount} (epochs may
-            be fractional, e.g. {0.5: 0.25, 1.5: 0.5}) or a function whole-epoch -> amount | None. An amount is a
-            fraction (float in [0, 1]) or a count (int) of all heads (`select_heads` convention).
-        prune_steps: the same schedule keyed by global step, e.g. {300: 0.25, 900: 0.5}.
+        schedule: when (`Schedule`): importance points (`at_epochs`, default epoch 1; `at_steps`), the cumulative
+            amounts pruned by each point (`prune`, `prune_steps`), the steps at which the masked heads are removed
+            physically (`shrink_steps`) and the "end" point of a run cut short (`record_end`). Importance is also
+            computed at every pruning point.
+        heads: which heads may go (`Heads`: scope, kinds, min_heads_per_layer (default 1), serving constraints).
+        importance: how heads are ranked (`Importance`: scorer, its options, batches, iterative pruning in steps of
+            `step`, default 0.1, re-estimating importance in between: Michel §4).
+        output: where files go (`Output`: default `<output_dir>/prunetrain`, with TensorBoard).
         mode: "mask" (zero the heads, keep the weights) or "shrink" (remove them physically with the optimizer
             state sliced; under DDP every rank shrinks the same heads and DDP's gradient buckets are rebuilt; under
             FSDP2 each affected parameter and its optimizer state are gathered, sliced and sharded again).
-        shrink_steps: with `mode="mask"`, global steps at which the heads masked so far are removed physically
-            (optimizer state sliced) and training goes on with the smaller model: masks first, then a shrink. Each
-            must be a step of `prune_steps` (the shrink follows that step's pruning).
-        iterative: prune in steps of `step` (of all heads), re-estimating importance in between (Michel §4).
-        step: the step of iterative pruning (fraction or count).
-        scope: "global", "layer" or "kind" (see `select_heads`).
-        kinds: the attention kinds that may be pruned (default all).
-        min_heads_per_layer: heads every site keeps.
-        constraints: a `prunetrain.methods.constraints.ServingConstraints` every selection is made to satisfy (e.g.
-            `ServingConstraints(same_heads_per_kind=True)`: the same heads in every layer of a kind, so the model
-            ends in a layout `prunetrain export --format uniform` can write); None: no constraint.
-        batches: the batches importance is computed on (a list or DataLoader; under DDP each rank takes its share).
-            Default: the first `num_batches` batches of the Trainer's training dataloader at that moment.
-        num_batches: see `batches`.
-        scorer: "gradient" (Michel), "ablation", "confidence", "random" or a callable.
-        scorer_options: keyword options of the scorer.
-        record_end: when training stops part-way through an epoch (time cap, `max_steps`), record importance at
-            that exact step as an "end" point (no pruning there).
-        output_dir: where files go (default `<output_dir>/prunetrain`).
-        tensorboard: write TensorBoard scalars and heatmaps (TensorBoard step = global step).
+        **deprecated: the former keyword form (`at_epochs`, `prune`, `scope`, `batches`, `output_dir`, ... : every
+            field of the records above, and `at_epochs` as the first positional argument), still accepted with one
+            DeprecationWarning until prunetrain 0.2.
     """
 
     name = "head-pruning"
+    OPTIONS = {"schedule": Schedule, "heads": Heads, "importance": Importance, "output": Output}
 
-    def __init__(self, at_epochs=(1,), prune: Mapping[float, float | int] | Callable[[int], Any] | None = None, *,
-                 at_steps: Iterable[int] = (), prune_steps: Mapping[int, float | int] | None = None,
-                 mode: str = "mask", shrink_steps: Iterable[int] = (), iterative: bool = False,
-                 step: float | int = 0.1, scope: str = "global",
-                 kinds=None, min_heads_per_layer: int = 1, batches: Iterable | None = None, num_batches: int = 8,
-                 scorer: str | Callable = "gradient", scorer_options: Mapping | None = None, record_end: bool = True,
-                 output_dir: str | None = None, tensorboard: bool = True, constraints=None):
-        super().__init__(output_dir, tensorboard)
-        self.constraints = check_constraints(constraints)
-        selector, epochs = epoch_spec(at_epochs, "at_epochs")
-        steps = check_step_points("at_steps", list(at_steps))
+    def __init__(self, schedule: Schedule | None = None, *, heads: Heads | None = None,
+                 importance: Importance | None = None, output: Output | None = None, mode: str = "mask",
+                 **deprecated: Any):
+        given = dict(schedule=schedule, heads=heads, importance=importance, output=output)
+        if schedule is not None and not isinstance(schedule, Schedule):  # the former positional at_epochs
+            if "at_epochs" in deprecated:
+                raise TypeError("HeadPruningCallback() got multiple values for argument 'at_epochs'")
+            given["schedule"], deprecated = None, {"at_epochs": schedule, **deprecated}
+        options = resolve_options(type(self).__name__, given, self.OPTIONS, deprecated)
+        self.schedule, self.heads, self.importance, self.output = (options[k] for k in self.OPTIONS)
+        super().__init__(self.output.output_dir, self.output.tensorboard)
         check_choice("mode", mode, MODES)
-        check_choice("scope", scope, SCOPES)
-        self.kinds = check_callback_kinds(kinds)
-        check_int("min_heads_per_layer", min_heads_per_layer, 0)
-        check_int("num_batches", num_batches)
-        check_amount("step", step)
-        if step == 0:
-            raise ValueError("step: 0 would never prune; give a fraction > 0 or a count >= 1.")
-        self._prune_fn: Callable[[int], Any] | None = None
-        self._prune_epochs: dict[float, Any] = {}
-        if prune is None:
-            pass
-        elif callable(prune):
-            self._prune_fn = prune
-        elif isinstance(prune, Mapping):
-            self._prune_epochs = {float(k): v for k, v in check_amount_schedule("prune", prune, "epoch").items()}
-        else:
-            raise ValueError(f"prune: {prune!r} is not a schedule; give a dict {{epoch: amount}}, a function "
-                             f"epoch -> amount or None.")
-        self._prune_steps = check_amount_schedule("prune_steps", prune_steps or {}, "step")
-        check_amount_convention("prune/prune_steps", [*self._prune_epochs.values(), *self._prune_steps.values()])
-        self._shrink_steps = check_step_points("shrink_steps", list(shrink_steps))
-        for shrink_step in self._shrink_steps:
-            if shrink_step not in self._prune_steps:
-                raise ValueError(f"shrink_steps: {shrink_step} is not a step of prune_steps "
-                                 f"{sorted(self._prune_steps)}; a shrink follows a pruning step.")
-        if self._shrink_steps and mode != "mask":
-            raise ValueError(f"shrink_steps: {self._shrink_steps} needs mode='mask' (mode={mode!r} already shrinks "
-                             f"at every pruning step).")
+        when = self.schedule
+        if when.shrink_steps and mode != "mask":
+            raise ValueError(f"shrink_steps: {list(when.shrink_steps)} needs mode='mask' (mode={mode!r} already "
+                             f"shrinks at every pruning step).")
+        self.constraints, self.kinds = self.heads.constraints, self.heads.kind_list
+        self._prune_fn = when.prune_function()
+        self._prune_epochs = when.prune_epochs()
+        self._prune_steps = when.step_amounts()
+        self._shrink_steps = list(when.shrink_steps)
+        selector, epochs = when.points()
         self._last_epoch = max([int(e) + (e % 1 > 0) for e in epochs + list(self._prune_epochs)], default=None)
-        at_selector = selector
-        prune_fn = self._prune_fn
-        whole = None
-        if at_selector is not None or prune_fn is not None:
-            def whole(epoch: int) -> bool:
-                return bool((at_selector is not None and at_selector(epoch))
-                            or (prune_fn is not None and prune_fn(epoch) is not None))
-        plan = Plan(sorted(set(epochs) | set(self._prune_epochs)), sorted(set(steps) | set(self._prune_steps)), whole)
-        self._init_points(plan, record_end)
-        get_scorer(scorer, **dict(scorer_options or {}))  # validates the name and options now
-        self.mode, self.iterative, self.step, self.scope = mode, iterative, step, scope
-        self.min_heads_per_layer, self.num_batches = min_heads_per_layer, num_batches
-        self.batches = batches
-        self.scorer, self.scorer_options = scorer, dict(scorer_options or {})
+        self._init_points(self._plan(selector, epochs), when.record_end)
+        self.mode, self.iterative, self.scope = mode, self.importance.iterative, self.heads.scope
+        self.step = 0.1 if self.importance.step is None else self.importance.step
+        self.min_heads_per_layer = self.heads.kept_per_site(1)
+        self.batches, self.num_batches = self.importance.batches, self.importance.num_batches
+        self.scorer, self.scorer_options = self.importance.scorer, self.importance.options
         self.mask: HeadMask | None = None
         self.history: dict[int, dict] = {}  # global step -> {"step", "epoch", "label", "kind", "scores", "alive"}
         self.stability: list[dict] = []  # Spearman ρ of importance between consecutive points
         self.events: list[dict] = []
         self._amount_at: dict[int, Any] = {}
+
+    def _plan(self, selector, epochs: list[float]) -> Plan:
+        """The importance points: `at_epochs`/`at_steps` and every pruning point (a whole-epoch selector fires
+        where `at_epochs` selects the epoch or the `prune` function gives an amount)."""
+        prune_fn, whole = self._prune_fn, None
+        if selector is not None or prune_fn is not None:
+            def whole(epoch: int) -> bool:
+                return bool((selector is not None and selector(epoch))
+                            or (prune_fn is not None and prune_fn(epoch) is not None))
+        return Plan(sorted(set(epochs) | set(self._prune_epochs)),
+                    sorted(set(self.schedule.at_steps) | set(self._prune_steps)), whole)
 
     # configuration checks that need the model and the training arguments
     def on_init_end(self, args, state, control, model=None, **kwargs):
@@ -216,7 +189,8 @@ class HeadPruningCallback(ScheduledCallback):
         if self.batches is not None:
             return local_share(first_batches(self.batches, ALL_BATCHES), model)
         if train_dataloader is None:
-            raise ValueError("batches: no batches for importance; pass batches=... to HeadPruningCallback.")
+            raise ValueError("batches: no batches for importance and no training dataloader; pass "
+                             "importance=Importance(batches=...) to HeadPruningCallback.")
         return first_batches(train_dataloader, self.num_batches)
 
     def act(self, point: Point, kind: str, state, model=None, optimizer=None, train_dataloader=None, **kwargs):

@@ -10,21 +10,21 @@ instead of staying flat up to the share already removed.
 
 from __future__ import annotations
 
-from typing import Callable, Iterable, Mapping, Sequence
+from typing import Any
 
 from prunetrain.engine.heads import find_heads, unwrap_model
-from prunetrain.methods.curve import DEFAULT_FRACTIONS, Curve, HeadScope, Metric, Ranking, pruning_curve
-from prunetrain.methods.importance import get_scorer, random_scores
-from prunetrain.methods.selection import SCOPES, select_heads
-from prunetrain.training.base import (check_callback_kinds, check_epochs_fit, check_model_kinds, combined_attached,
-                                      first_batches, local_share)
-from prunetrain.training.points import Plan, Point, check_step_points, epoch_spec, file_label, label
+from prunetrain.methods.curve import Curve, HeadScope, Metric, Ranking, pruning_curve
+from prunetrain.methods.importance import random_scores
+from prunetrain.methods.selection import select_heads
+from prunetrain.training.base import check_epochs_fit, check_model_kinds, combined_attached, first_batches, local_share
+from prunetrain.training.options import CURVE_ORDERS, CurveSweep, Heads, Importance, Output, Schedule, resolve_options
+from prunetrain.training.points import Plan, Point, file_label, label
 from prunetrain.training.scheduled import ScheduledCallback
 from prunetrain.training.state import RngState
 from prunetrain.utils.plots import curves_figure, save_figure
-from prunetrain.utils.validate import ALL_BATCHES, check_choice, check_fractions, check_int
+from prunetrain.utils.validate import ALL_BATCHES
 
-ORDERS = ("importance", "random", "both")
+ORDERS = CURVE_ORDERS
 
 
 class PruningCurveCallback(ScheduledCallback):
@@ -33,68 +33,74 @@ class PruningCurveCallback(ScheduledCallback):
     Example (BLEU of a translation model, with `bleu_metric` of the translation application `prunetrain.mt.metrics`;
     any callable `model -> float | dict` works)::
 
-        PruningCurveCallback(metric=bleu_metric(tokenizer, dev_pairs), metric_key="bleu")
+        PruningCurveCallback(Schedule(at_epochs=[1, 2, 5]), metric=bleu_metric(tokenizer, dev_pairs), metric_key="bleu")
 
     Args:
-        at_epochs: a list of epoch points in increasing order (ints or fractional floats), an int N (every N whole
-            epochs) or a function epoch -> bool (whole epochs).
-        at_steps: more points, as global optimizer steps (increasing).
+        schedule: the curve points (`Schedule`: `at_epochs`, default epoch 1; `at_steps`; `record_end`). A schedule
+            that prunes (`prune`, `prune_steps`, `shrink_steps`) is refused: pruning is `HeadPruningCallback`'s.
         metric: a callable `model -> float | dict` (e.g. `prunetrain.mt.metrics.bleu_metric(...)`,
             `prunetrain.methods.curve.loss_metric(batches)` or `accuracy_metric(batches)`).
         metric_key: the entry to plot when the metric returns a dict (e.g. "bleu"); default "value".
-        fractions: shares of the heads to prune (default 0, 0.1, …, 0.9).
-        relative: fractions of the heads still present (scope "global"; heads removed by training-time pruning, masked
-            or shrunk, stay removed and the fraction applies to the rest). False, or scope "kind"/"layer": fractions
-            of the model's original heads, already-removed heads counting toward them (`select_heads` convention).
-            A fraction that `min_heads_per_layer` puts out of reach on the model as it is then is skipped and
-            listed in the record (`skipped_fractions`).
-        order: "importance", "random" (seeded baseline, one curve per seed in `random_seeds`) or "both".
-        random_seeds: seeds of the random-order curves.
-        iterative: re-estimate importance between fractions (slower; Michel §4).
-        scorer: the importance scorer ranking the heads ("gradient", "ablation", "confidence" or a callable).
-        scorer_options: keyword options of the scorer.
-        importance_batches: batches for importance (under DDP each rank takes its share); default the first
-            `num_batches` batches of the Trainer's training dataloader.
-        num_batches: see `importance_batches`.
-        scope, kinds, min_heads_per_layer: passed to `select_heads`.
-        record_end: when training stops part-way through an epoch, record a curve at that exact step ("end").
-        output_dir: where files go (default `<output_dir>/prunetrain`).
-        tensorboard: write TensorBoard scalars and figures (TensorBoard step = global step).
+        sweep: the points of each curve (`CurveSweep`: fractions, relative, order, random seeds). A fraction that
+            `min_heads_per_layer` puts out of reach on the model as it is then is skipped and listed in the record
+            (`skipped_fractions`).
+        heads: which heads may be masked (`Heads`: scope, kinds, min_heads_per_layer (default 0); no constraints).
+        importance: how heads are ranked (`Importance`: scorer, options, batches (under DDP each rank takes its
+            share; default the first `num_batches` batches of the Trainer's training dataloader), `iterative`:
+            re-estimate importance between fractions, slower, Michel §4; no `step`).
+        output: where files go (`Output`: default `<output_dir>/prunetrain`, with TensorBoard).
+        **deprecated: the former keyword form (`at_epochs`, `fractions`, `order`, `scope`, `importance_batches`,
+            `output_dir`, ...: every field of the records above, and `at_epochs` as the first positional argument),
+            still accepted with one DeprecationWarning until prunetrain 0.2.
     """
 
     name = "pruning-curve"
+    OPTIONS = {"schedule": Schedule, "sweep": CurveSweep, "heads": Heads, "importance": Importance, "output": Output}
 
-    def __init__(self, at_epochs=(1,), *, metric: Metric, at_steps: Iterable[int] = (), relative: bool = True,
-                 record_end: bool = True, metric_key: str | None = None,
-                 fractions: Sequence[float] = DEFAULT_FRACTIONS, order: str = "importance",
-                 random_seeds: Sequence[int] = (0,), iterative: bool = False, scorer: str | Callable = "gradient",
-                 scorer_options: Mapping | None = None, importance_batches: Iterable | None = None,
-                 num_batches: int = 8, scope: str = "global", kinds=None, min_heads_per_layer: int = 0,
-                 output_dir: str | None = None, tensorboard: bool = True):
-        super().__init__(output_dir, tensorboard)
-        selector, epochs = epoch_spec(at_epochs, "at_epochs")
-        self._init_points(Plan(epochs, check_step_points("at_steps", list(at_steps)), selector), record_end)
+    def __init__(self, schedule: Schedule | None = None, *, metric: Metric, metric_key: str | None = None,
+                 sweep: CurveSweep | None = None, heads: Heads | None = None, importance: Importance | None = None,
+                 output: Output | None = None, **deprecated: Any):
+        given = dict(schedule=schedule, sweep=sweep, heads=heads, importance=importance, output=output)
+        if schedule is not None and not isinstance(schedule, Schedule):  # the former positional at_epochs
+            if "at_epochs" in deprecated:
+                raise TypeError("PruningCurveCallback() got multiple values for argument 'at_epochs'")
+            given["schedule"], deprecated = None, {"at_epochs": schedule, **deprecated}
+        options = resolve_options(type(self).__name__, given, self.OPTIONS, deprecated,
+                                  renamed={"importance_batches": "batches"})
+        self.schedule, self.sweep, self.heads, self.importance, self.output = (options[k] for k in self.OPTIONS)
+        super().__init__(self.output.output_dir, self.output.tensorboard)
+        self._refuse_what_a_curve_does_not_take()
+        selector, epochs = self.schedule.points()
+        self._init_points(Plan(epochs, list(self.schedule.at_steps), selector), self.schedule.record_end)
         self._last_epoch = max([int(e) + (e % 1 > 0) for e in epochs], default=None)
-        self.relative = bool(relative)
         if not callable(metric):
             raise ValueError(f"metric: {metric!r} is not a callable model -> float | dict; build one with "
                              f"prunetrain.mt.metrics.bleu_metric, prunetrain.methods.curve.loss_metric or "
                              f"accuracy_metric.")
-        self.fractions = check_fractions("fractions", fractions)
-        check_choice("order", order, ORDERS)
-        check_choice("scope", scope, SCOPES)
-        self.kinds = check_callback_kinds(kinds)
-        check_int("num_batches", num_batches)
-        check_int("min_heads_per_layer", min_heads_per_layer, 0)
-        if iterative and order == "random":
-            raise ValueError("iterative: has no meaning with order='random'.")
-        get_scorer(scorer, **dict(scorer_options or {}))  # validates the name and options now
+        self.relative, self.fractions = bool(self.sweep.relative), list(self.sweep.fractions)
+        self.order, self.random_seeds = self.sweep.order, list(self.sweep.random_seeds)
+        self.kinds, self.scope, self.min_heads_per_layer = (self.heads.kind_list, self.heads.scope,
+                                                            self.heads.kept_per_site(0))
+        self.iterative, self.scorer, self.scorer_options = (self.importance.iterative, self.importance.scorer,
+                                                            self.importance.options)
+        self.importance_batches, self.num_batches = self.importance.batches, self.importance.num_batches
         self.metric, self.metric_key = metric, metric_key or "value"
-        self.order, self.random_seeds, self.iterative = order, list(random_seeds), iterative
-        self.scorer, self.scorer_options = scorer, dict(scorer_options or {})
-        self.importance_batches, self.num_batches = importance_batches, num_batches
-        self.scope, self.min_heads_per_layer = scope, min_heads_per_layer
         self.curves: dict[int, dict] = {}  # global step -> {"step", "epoch", "label", "kind", "curves": {...}}
+
+    def _refuse_what_a_curve_does_not_take(self) -> None:
+        """Fields of the shared records that mean nothing to a curve are refused, never ignored."""
+        if self.schedule.prunes:
+            raise ValueError("schedule: a PruningCurveCallback masks heads only for its curves; prune, prune_steps "
+                             "and shrink_steps belong to HeadPruningCallback's schedule.")
+        if self.heads.constraints is not None:
+            raise ValueError(f"constraints: {self.heads.constraints!r} is not taken by PruningCurveCallback (its "
+                             f"curves mask in importance order); give constraints to HeadPruningCallback or "
+                             f"HardConcreteCallback.")
+        if self.importance.step is not None:
+            raise ValueError(f"step: {self.importance.step!r} is not taken by PruningCurveCallback; an iterative "
+                             f"curve re-estimates importance at each of its fractions (evenly spaced from 0).")
+        if self.importance.iterative and self.sweep.order == "random":
+            raise ValueError("iterative: has no meaning with order='random'.")
 
     def on_init_end(self, args, state, control, model=None, **kwargs):
         check_epochs_fit(args, self._last_epoch, "at_epochs")
@@ -201,7 +207,8 @@ class PruningCurveCallback(ScheduledCallback):
         if self.importance_batches is not None:
             return local_share(first_batches(self.importance_batches, ALL_BATCHES), model)
         if train_dataloader is None:
-            raise ValueError("importance_batches: no batches to compute importance from.")
+            raise ValueError("batches: no batches to compute importance from and no training dataloader; pass "
+                             "importance=Importance(batches=...) to PruningCurveCallback.")
         return first_batches(train_dataloader, self.num_batches)
 
     def compute(self, model, train_dataloader=None) -> dict[str, Curve]:

@@ -24,7 +24,8 @@ from transformers import MarianMTModel, Seq2SeqTrainer, Seq2SeqTrainingArguments
 
 from prunetrain.engine.heads import find_heads
 from prunetrain.mt.data import build_dataset, make_collator, marian_config, read_parallel, train_tokenizer
-from prunetrain.training import HardConcreteCallback, HeadPruningCallback, last_complete_checkpoint, restore_layout
+from prunetrain.training import (GateTraining, HardConcreteCallback, HeadPruningCallback, Importance, Schedule,
+                                 last_complete_checkpoint, restore_layout)
 
 GLOBAL_BATCH = 16
 
@@ -69,10 +70,11 @@ def main():
     collator = make_collator(tokenizer, model)
     fixed = [collator([dataset[i] for i in range(j, j + 8)]) for j in (0, 8, 16, 24)]
     if opts.callback == "gates-shrink":
-        callback = HardConcreteCallback(target_heads=12, gate_lr=0.1, lagrangian_lr=0.1, init_log_alpha=1.0,
-                                        finalize="shrink")
+        callback = HardConcreteCallback(target_heads=12, finalize="shrink",
+                                        training=GateTraining(gate_lr=0.1, lagrangian_lr=0.1, init_log_alpha=1.0))
     else:
-        callback = HeadPruningCallback(at_epochs=[1, 2], prune={1: 0.25, 2: 0.5}, mode="shrink", batches=fixed)
+        callback = HeadPruningCallback(Schedule(at_epochs=[1, 2], prune={1: 0.25, 2: 0.5}), mode="shrink",
+                                       importance=Importance(batches=fixed))
     args = Seq2SeqTrainingArguments(
         output_dir=str(out), num_train_epochs=3, per_device_train_batch_size=GLOBAL_BATCH // world,
         learning_rate=2e-3, save_strategy="epoch", report_to=[], use_cpu=True, logging_steps=4, seed=0,

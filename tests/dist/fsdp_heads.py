@@ -30,7 +30,7 @@ from torch.distributed.fsdp import fully_shard
 import prunetrain as pt
 from prunetrain.methods.curve import loss_metric, pruning_curve
 from prunetrain.methods.importance import head_importance
-from prunetrain.training import HardConcreteCallback, HeadPruningCallback
+from prunetrain.training import GateTraining, HardConcreteCallback, HeadPruningCallback, Output
 from prunetrain.training.distributed import gathered_copy, training_engine
 from prunetrain.zoo import random_mask, tiny_inputs, tiny_model
 
@@ -82,7 +82,8 @@ def main(out: Path) -> None:
     result["curve_single"] = curve_single.values
 
     # Hard-Concrete gates trained beside the sharded model (the callback's own gradient path)
-    gates = HardConcreteCallback(lam=0.05, gate_lr=0.2, init_log_alpha=0.5, tensorboard=False)
+    gates = HardConcreteCallback(lam=0.05, training=GateTraining(gate_lr=0.2, init_log_alpha=0.5),
+                                 output=Output(tensorboard=False))
     gates.on_init_end(None, None, None, model=model)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
     model.train()

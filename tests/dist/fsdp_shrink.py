@@ -37,7 +37,8 @@ from transformers.trainer_callback import CallbackHandler
 
 from prunetrain.engine.heads import find_heads
 from prunetrain.mt.data import build_dataset, make_collator, marian_config, read_parallel, train_tokenizer
-from prunetrain.training import HardConcreteCallback, HeadPruningCallback, last_complete_checkpoint, restore_layout
+from prunetrain.training import (GateTraining, HardConcreteCallback, HeadPruningCallback, Importance, Output,
+                                 Schedule, last_complete_checkpoint, restore_layout)
 from prunetrain.training.distributed import any_rank
 
 GLOBAL_BATCH, STEPS_PER_EPOCH, EPOCHS = 16, 8, 3
@@ -61,10 +62,10 @@ def build(data: str, world: int, rank: int):
 
 def make_callback(kind: str, fixed: list):
     if kind == "gates-shrink":
-        return HardConcreteCallback(target_heads=12, gate_lr=0.1, lagrangian_lr=0.1, init_log_alpha=1.0,
-                                    finalize="shrink", tensorboard=False)
-    return HeadPruningCallback(at_epochs=[], prune_steps={4: 0.25, 8: 0.375, 14: 0.5}, shrink_steps=[8, 14],
-                               batches=fixed, tensorboard=False)
+        return HardConcreteCallback(target_heads=12, finalize="shrink", output=Output(tensorboard=False),
+                                    training=GateTraining(gate_lr=0.1, lagrangian_lr=0.1, init_log_alpha=1.0))
+    return HeadPruningCallback(Schedule(at_epochs=[], prune_steps={4: 0.25, 8: 0.375, 14: 0.5}, shrink_steps=[8, 14]),
+                               importance=Importance(batches=fixed), output=Output(tensorboard=False))
 
 
 def shard(model) -> None:

@@ -18,7 +18,7 @@ import torch
 from transformers import (AutoModelForCausalLM, DataCollatorForLanguageModeling, Qwen2Config, Qwen2ForCausalLM,
                           Trainer, TrainerCallback, TrainingArguments)
 
-from prunetrain import HeadPruningCallback, find_heads, last_complete_checkpoint
+from prunetrain import HeadPruningCallback, Importance, Output, Schedule, find_heads, last_complete_checkpoint
 from prunetrain.mt.data import read_parallel, train_tokenizer
 
 
@@ -47,8 +47,8 @@ def main():
     dataset = [{"input_ids": ids} for ids in enc["input_ids"]]
     collate = DataCollatorForLanguageModeling(tokenizer, mlm=False)
     batches = [collate(dataset[j:j + 16]) for j in (0, 16)]
-    pruning = HeadPruningCallback(at_epochs=[], prune_steps={4: 0.5}, shrink_steps=[4], batches=batches,
-                                  tensorboard=False)
+    pruning = HeadPruningCallback(Schedule(at_epochs=[], prune_steps={4: 0.5}, shrink_steps=[4]),
+                                  importance=Importance(batches=batches), output=Output(tensorboard=False))
     checkpoint = None
     if opts.resume:
         checkpoint = last_complete_checkpoint(out, [pruning])

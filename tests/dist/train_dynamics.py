@@ -18,6 +18,7 @@ from transformers import MarianMTModel, Seq2SeqTrainer, Seq2SeqTrainingArguments
 from prunetrain.engine.heads import find_heads
 from prunetrain.mt.data import build_dataset, make_collator, marian_config, read_parallel, train_tokenizer
 from prunetrain.training.callbacks import HeadPruningCallback, last_complete_checkpoint, restore_layout
+from prunetrain.training.options import Importance, Schedule
 
 
 class KillAt(TrainerCallback):
@@ -47,7 +48,8 @@ def main():
     collator = make_collator(tokenizer, model)
     fixed = [collator([dataset[i] for i in range(j, j + 16)]) for j in (0, 16)]
     # 256 pairs in batches of 16: 16 steps per epoch; the shrinks fall on steps 8 (epoch 0.5) and 24 (epoch 1.5)
-    pruning = HeadPruningCallback(at_epochs=[1, 2], prune={0.5: 0.25, 1.5: 0.5}, mode="shrink", batches=fixed)
+    pruning = HeadPruningCallback(Schedule(at_epochs=[1, 2], prune={0.5: 0.25, 1.5: 0.5}), mode="shrink",
+                                  importance=Importance(batches=fixed))
     args = Seq2SeqTrainingArguments(output_dir=str(out), num_train_epochs=3, per_device_train_batch_size=16,
                                     learning_rate=2e-3, save_strategy="steps", save_steps=12, report_to=[],
                                     use_cpu=True, logging_steps=4, seed=0, disable_tqdm=True,

@@ -13,6 +13,7 @@ import torch
 from transformers import MarianMTModel, Seq2SeqTrainer, Seq2SeqTrainingArguments
 
 from prunetrain.training.callbacks import HardConcreteCallback, HeadPruningCallback, last_complete_checkpoint, restore_layout
+from prunetrain.training.options import GateTraining, Importance, Schedule
 from prunetrain.mt.data import build_dataset, make_collator, marian_config, read_parallel, train_tokenizer
 from prunetrain.engine.heads import find_heads
 
@@ -39,12 +40,14 @@ def main():
     collator = make_collator(tokenizer, model)
     fixed = [collator([dataset[i] for i in range(j, j + 16)]) for j in (0, 16, 32, 48)]
     if opts.callback == "gates":
-        callback = HardConcreteCallback(lam=0.02, gate_lr=0.2, finalize="mask")
+        callback = HardConcreteCallback(lam=0.02, training=GateTraining(gate_lr=0.2), finalize="mask")
     elif opts.callback == "prune-mask-shrink":  # masks at steps 16 and 32, shrink at 32 (16 steps per epoch), mask at 48
-        callback = HeadPruningCallback(at_epochs=[1], prune_steps={16: 0.25, 32: 6, 48: 0.5}, shrink_steps=[32],
-                                       batches=fixed, mode="mask")
+        callback = HeadPruningCallback(Schedule(at_epochs=[1], prune_steps={16: 0.25, 32: 6, 48: 0.5},
+                                                shrink_steps=[32]),
+                                       importance=Importance(batches=fixed), mode="mask")
     else:
-        callback = HeadPruningCallback(at_epochs=[1, 2, 3, 4], prune={2: 0.25, 3: 6, 4: 0.5}, batches=fixed,
+        callback = HeadPruningCallback(Schedule(at_epochs=[1, 2, 3, 4], prune={2: 0.25, 3: 6, 4: 0.5}),
+                                       importance=Importance(batches=fixed),
                                        mode="mask" if opts.callback == "prune-mask" else "shrink")
     args = Seq2SeqTrainingArguments(
         output_dir=str(out), num_train_epochs=opts.epochs, per_device_train_batch_size=16, learning_rate=2e-3,
