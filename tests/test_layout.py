@@ -194,19 +194,9 @@ MAX_CONSTRUCTOR_PARAMETERS = 10  # an explicit `__init__` (self not counted) or 
 EXEMPT: dict[str, str] = {
     # "path/under/prunetrain.py" or "path/under/prunetrain.py::Qualified.name" -> why it may be larger: only
     # generated tables and data belong here, each with a one-line reason.
-}
-
-STILL_OVER: dict[str, str] = {
-    # files over a limit while their owners work on them (checked by test_files_still_over_the_limits, an xfail);
-    # the lead removes each entry as it gets under, and that test with the last one
-    "bench/config.py": "issue 29 part 2: BenchConfig's fields (options to group like the callbacks')",
-    "export/onnx_beam.py": "issue 28: BeamSettings's fields",
-    "mt/l0_sweep.py": "being edited (not issue 29's): run_gate_sweep's length",
-    "mt/recipe.py": "lead (issue 26) / issue 25: TrainConfig's and PruningConfig's fields",
-    "mt/runner.py": "lead (issue 26): run_recipe's length",
-    "training/hard_concrete.py": "issue 24 / issue 29 part 2: HardConcreteCallback.__init__'s parameters",
-    "training/head_pruning.py": "issue 27 / issue 29 part 2: HeadPruningCallback.__init__'s parameters",
-    "training/pruning_curve.py": "issue 29 part 2: PruningCurveCallback.__init__'s parameters",
+    "mt/recipe.py::TrainConfig": "a recipe YAML section: its fields are the keys users write (--set train.epochs=4)",
+    "mt/recipe.py::PruningConfig": "a recipe YAML section: its fields are the keys users write "
+                                   "(--set pruning.curve_steps=[600])",
 }
 
 
@@ -329,18 +319,9 @@ def test_the_size_checkers_find_what_they_forbid():
 
 @pytest.mark.parametrize("check", list(SIZE_CHECKS))
 def test_no_module_function_or_constructor_over_the_limits(check):
-    """Every module ≤ 600 lines, every function ≤ 80 lines, every public constructor ≤ 10 parameters — except
-    the files in STILL_OVER (checked below) and the EXEMPT tables and data."""
-    found = {path: items for path, items in offenders(check).items() if path not in STILL_OVER}
-    assert not found, f"over the {check} limit:\n" + _report(found)
-
-
-@pytest.mark.xfail(strict=False, reason="files still over the limits while their owners work on them: "
-                                        + ", ".join(sorted(STILL_OVER)))
-@pytest.mark.parametrize("check", list(SIZE_CHECKS))
-def test_files_still_over_the_limits(check):
-    """`pytest --runxfail tests/test_layout.py -k still_over` lists what is still over."""
-    found = {path: items for path, items in offenders(check).items() if path in STILL_OVER}
+    """Every module ≤ 600 lines, every function ≤ 80 lines, every public constructor ≤ 10 parameters — except the
+    EXEMPT tables, data and recipe schema, each by name with its reason."""
+    found = offenders(check)
     assert not found, f"over the {check} limit:\n" + _report(found)
 
 
@@ -348,6 +329,9 @@ def test_exemptions_name_what_exists():
     for name, reason in EXEMPT.items():
         path = PACKAGE / name.split("::")[0]
         assert path.is_file() and reason.strip(), f"EXEMPT names {name!r}, which is not a module of prunetrain"
+        if "::" in name:
+            defined = [qualified for qualified, _ in _definitions(ast.parse(path.read_text(encoding="utf-8")))]
+            assert name.split("::")[1] in defined, f"EXEMPT names {name!r}, which {path.name} does not define"
 
 
 # ---------------------------------------------------------------------------------------------------------------------

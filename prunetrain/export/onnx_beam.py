@@ -25,8 +25,22 @@ NEG = -1.0e9  # transformers' "impossible" score
 
 
 @dataclass(frozen=True)
+class LogitRules:
+    """The logits processors beam search reproduces (transformers' order, `_process`): banned single tokens
+    (`bad_words_ids`), EOS blocked before `min_new_tokens`, forced BOS / EOS, `suppress_tokens`."""
+
+    bad_tokens: tuple[int, ...] = ()
+    suppress_tokens: tuple[int, ...] = ()
+    min_new_tokens: int = 0
+    forced_bos_token_id: int | None = None
+    forced_eos_token_id: int | None = None
+
+
+@dataclass(frozen=True)
 class BeamSettings:
-    """The generation settings beam search reads (from the export's `generation_config.json` and overrides)."""
+    """The generation settings beam search reads (from the export's `generation_config.json` and overrides):
+    the search (beams, length penalty, early stopping), the special tokens, and the logits processors (`rules`).
+    Built by `from_generation_config`."""
 
     num_beams: int = 4
     eos_token_ids: tuple[int, ...] = ()
@@ -34,11 +48,7 @@ class BeamSettings:
     decoder_start_token_id: int | None = None
     length_penalty: float = 1.0
     early_stopping: bool | str = False
-    bad_tokens: tuple[int, ...] = ()
-    suppress_tokens: tuple[int, ...] = ()
-    min_new_tokens: int = 0
-    forced_bos_token_id: int | None = None
-    forced_eos_token_id: int | None = None
+    rules: LogitRules = LogitRules()
 
     @classmethod
     def from_generation_config(cls, config, **overrides) -> "BeamSettings":
@@ -72,11 +82,12 @@ class BeamSettings:
         return cls(num_beams=int(values.get("num_beams") or 1), eos_token_ids=eos,
                    pad_token_id=values.get("pad_token_id"), decoder_start_token_id=values.get("decoder_start_token_id"),
                    length_penalty=float(_given(values, "length_penalty", 1.0)),
-                   early_stopping=_given(values, "early_stopping", False), bad_tokens=tuple(bad),
-                   suppress_tokens=tuple(int(t) for t in values.get("suppress_tokens") or []),
-                   min_new_tokens=int(values.get("min_new_tokens") or 0),
-                   forced_bos_token_id=values.get("forced_bos_token_id"),
-                   forced_eos_token_id=values.get("forced_eos_token_id"))
+                   early_stopping=_given(values, "early_stopping", False),
+                   rules=LogitRules(bad_tokens=tuple(bad),
+                                    suppress_tokens=tuple(int(t) for t in values.get("suppress_tokens") or []),
+                                    min_new_tokens=int(values.get("min_new_tokens") or 0),
+                                    forced_bos_token_id=values.get("forced_bos_token_id"),
+                                    forced_eos_token_id=values.get("forced_eos_token_id")))
 
 
 def _given(values: dict, key: str, default):
@@ -86,18 +97,19 @@ def _given(values: dict, key: str, default):
 
 def _process(log_probs: torch.Tensor, s: BeamSettings, generated: int, cur_len: int, max_length: int) -> torch.Tensor:
     """transformers' logits processors that beam search applies after log softmax, in its order."""
-    if s.bad_tokens:
-        log_probs[:, list(s.bad_tokens)] = -float("inf")
-    if s.eos_token_ids and generated < s.min_new_tokens:
+    rules = s.rules
+    if rules.bad_tokens:
+        log_probs[:, list(rules.bad_tokens)] = -float("inf")
+    if s.eos_token_ids and generated < rules.min_new_tokens:
         log_probs[:, list(s.eos_token_ids)] = -float("inf")
-    if s.forced_bos_token_id is not None and cur_len == 1:
+    if rules.forced_bos_token_id is not None and cur_len == 1:
         log_probs[:] = -float("inf")
-        log_probs[:, s.forced_bos_token_id] = 0
-    if s.forced_eos_token_id is not None and cur_len == max_length - 1:
+        log_probs[:, rules.forced_bos_token_id] = 0
+    if rules.forced_eos_token_id is not None and cur_len == max_length - 1:
         log_probs[:] = -float("inf")
-        log_probs[:, s.forced_eos_token_id] = 0
-    if s.suppress_tokens:
-        log_probs[:, list(s.suppress_tokens)] = -float("inf")
+        log_probs[:, rules.forced_eos_token_id] = 0
+    if rules.suppress_tokens:
+        log_probs[:, list(rules.suppress_tokens)] = -float("inf")
     return log_probs
 
 

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import json
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
@@ -150,15 +151,67 @@ def _label(group: str, value: float) -> str:
 def run_gate_sweep(recipe: GateSweepRecipe, out_dir: str | Path, *, data_dir: str | None = None, resume: bool = False,
                    overwrite: bool = False, progress: Callable[[str], None] = print) -> dict:
     """Run the whole sweep described by `recipe` into `out_dir`; returns the `sweep.json` content."""
-    from prunetrain.mt import data as D
-    from prunetrain.utils.device import use_bf16
+    out_dir = Path(out_dir)
+    sweep = start_sweep(recipe, out_dir, data_dir=data_dir, resume=resume, overwrite=overwrite, progress=progress)
+    recipe = sweep.recipe
+    tb = TensorBoardLog(out_dir / "tensorboard")
+    runs, resumed = gate_runs(sweep, out_dir, tb, resume=resume, progress=progress)
+    baseline = []
+    encoder_counts = sorted({r["kept_per_kind"]["encoder_self"] for r in runs if r["group"] == ENCODER_ONLY})
+    if recipe.sweep.importance_baseline and encoder_counts:
+        baseline = importance_baseline(sweep.reference, sweep.tokenizer, sweep.train_set, sweep.valid_pairs,
+                                       encoder_counts, recipe, sweep.bf16)
+        progress("importance baseline (encoder heads pruned by Michel importance, no fine-tuning): " +
+                 ", ".join(f"{b['encoder_heads']} heads {b['bleu']:.2f}" for b in baseline))
+    scratch = None
+    if recipe.sweep.scratch and any(r["group"] in (ALL_KINDS, BUDGET) for r in runs):
+        scratch = scratch_run(recipe, runs, sweep.model_dir, sweep.tokenizer, sweep.train_set, sweep.valid_pairs,
+                              out_dir, sweep.bf16, resume=resume, progress=progress)
+    layout, full = sweep.layout, sweep.full
+    result = {"recipe": recipe.to_dict(), "source": str(sweep.model_dir), "heads_total": layout.total_heads,
+              "heads_per_kind": layout.heads_per_kind(), "validation_sentences": len(sweep.valid_pairs),
+              "full_bleu": full["bleu"], "full_chrf": full["chrf"], "bleu_signature": full["bleu_signature"],
+              "runs": runs, "importance_baseline": baseline, "scratch": scratch,
+              "budget_comparison": budget_comparison(runs), "minutes": (time.time() - sweep.started) / 60,
+              "resumed_runs": resumed,
+              "run_minutes": sum(r["minutes"] for r in runs) + (scratch["minutes"] if scratch else 0.0)}
+    write_figures(result, out_dir, tb)
+    tb.close()
+    (out_dir / "sweep.json").write_text(json.dumps(result, indent=1))
+    (out_dir / "results.md").write_text(results_markdown(result))
+    mark_complete(out_dir, {"results": "sweep.json", "report": "results.md"})
+    progress(f"sweep done in {result['minutes']:.1f} min: {out_dir / 'results.md'}")
+    return result
+
+
+@dataclass
+class SweepInputs:
+    """What every run of a sweep shares: the recipe (with `--data-dir` recorded), the source model and its
+    tokenizer, the data, the precision, and the source model's layout and validation score."""
+
+    recipe: GateSweepRecipe
+    model_dir: Path
+    tokenizer: object
+    train_set: object
+    valid_pairs: list
+    bf16: bool
+    reference: nn.Module
+    layout: object
+    full: dict
+    started: float
+
+
+def start_sweep(recipe: GateSweepRecipe, out_dir: Path, *, data_dir: str | None, resume: bool, overwrite: bool,
+                progress: Callable[[str], None]) -> SweepInputs:
+    """Check the source model and the data before the output directory is touched, prepare it, then load what the
+    runs share and score the source model on the validation sentences (one progress line)."""
     from prunetrain.engine.model_dir import check_model_dir
+    from prunetrain.mt import data as D
+    from prunetrain.mt.run_record import data_record, recipe_inputs, with_data_dir
     from prunetrain.mt.runner import load_pairs
     from prunetrain.mt.translation import evaluate_bleu, load_model_tokenizer, load_translation_model
+    from prunetrain.utils.device import use_bf16
 
-    from prunetrain.mt.run_record import data_record, recipe_inputs, with_data_dir
-
-    out_dir = Path(out_dir)
     recipe = with_data_dir(recipe, data_dir)  # --data-dir is data.dir: recipe.yaml names what is read
     model_dir = check_model_dir(source_model_dir(recipe.source), "source")
     tokenizer = load_model_tokenizer(model_dir)
@@ -171,19 +224,32 @@ def run_gate_sweep(recipe: GateSweepRecipe, out_dir: str | Path, *, data_dir: st
     valid_pairs = valid_pairs[: recipe.eval.sentences]
     bf16 = use_bf16(recipe.train.precision)
     ev = recipe.eval
-    tb = TensorBoardLog(out_dir / "tensorboard")
-
     reference = load_translation_model(model_dir)
     layout = find_heads(reference)
     full = evaluate_bleu(reference, tokenizer, valid_pairs, batch_size=ev.batch_size, num_beams=ev.num_beams,
                          autocast_bf16=bf16)
     progress(f"source {model_dir}: {layout.summary()}; validation BLEU {full['bleu']:.2f} "
              f"({len(valid_pairs)} sentences)")
+    return SweepInputs(recipe, model_dir, tokenizer, train_set, valid_pairs, bf16, reference, layout, full, started)
 
+
+def sweep_plan(recipe: GateSweepRecipe) -> list[tuple[str, float, dict]]:
+    """(group, λ or budget, keyword arguments of `gate_run`) of every run, in order: the encoder-only λ sweep with
+    the decoder frozen, the λ sweep over all kinds, the head budgets."""
     plan = [(ENCODER_ONLY, lam, dict(lam=lam, kinds=["encoder_self"], freeze="decoder"))
             for lam in recipe.sweep.encoder_lambdas]
     plan += [(ALL_KINDS, lam, dict(lam=lam)) for lam in recipe.sweep.all_lambdas]
     plan += [(BUDGET, share, dict(target_heads=share)) for share in recipe.sweep.budgets]
+    return plan
+
+
+def gate_runs(sweep: SweepInputs, out_dir: Path, tb: TensorBoardLog, *, resume: bool,
+              progress: Callable[[str], None]) -> tuple[list[dict], int]:
+    """Every run of `sweep_plan` (one progress line each; with `resume`, a run whose `result.json` exists is read
+    back, not run again); returns (run records, how many were read back)."""
+    from prunetrain.mt.translation import load_translation_model
+
+    plan = sweep_plan(sweep.recipe)
     runs, resumed = [], 0
     for index, (group, value, kwargs) in enumerate(plan):
         label = _label(group, value)
@@ -193,42 +259,16 @@ def run_gate_sweep(recipe: GateSweepRecipe, out_dir: str | Path, *, data_dir: st
             resumed += 1
             progress(f"[{index + 1}/{len(plan)}] {label}: done before ({record['heads_kept']} heads)")
         else:
-            model = load_translation_model(model_dir)
-            record = gate_run(model, tokenizer, train_set, valid_pairs, run_out, label=label, group=group,
-                              recipe=recipe, bf16=bf16, **kwargs)
+            model = load_translation_model(sweep.model_dir)
+            record = gate_run(model, sweep.tokenizer, sweep.train_set, sweep.valid_pairs, run_out, label=label,
+                              group=group, recipe=sweep.recipe, bf16=sweep.bf16, **kwargs)
             del model
             progress(f"[{index + 1}/{len(plan)}] {label}: {record['heads_kept']}/{record['heads_total']} heads "
                      f"({_kinds_text(record['kept_per_kind'])}), BLEU {record['bleu']:.2f}, "
                      f"{record['minutes']:.1f} min")
         runs.append(record)
         _log_run(tb, record)
-
-    baseline = []
-    encoder_counts = sorted({r["kept_per_kind"]["encoder_self"] for r in runs if r["group"] == ENCODER_ONLY})
-    if recipe.sweep.importance_baseline and encoder_counts:
-        baseline = importance_baseline(reference, tokenizer, train_set, valid_pairs, encoder_counts, recipe, bf16)
-        progress("importance baseline (encoder heads pruned by Michel importance, no fine-tuning): " +
-                 ", ".join(f"{b['encoder_heads']} heads {b['bleu']:.2f}" for b in baseline))
-
-    scratch = None
-    if recipe.sweep.scratch and any(r["group"] in (ALL_KINDS, BUDGET) for r in runs):
-        scratch = scratch_run(recipe, runs, model_dir, tokenizer, train_set, valid_pairs, out_dir, bf16,
-                              resume=resume, progress=progress)
-
-    result = {"recipe": recipe.to_dict(), "source": str(model_dir), "heads_total": layout.total_heads,
-              "heads_per_kind": layout.heads_per_kind(), "validation_sentences": len(valid_pairs),
-              "full_bleu": full["bleu"], "full_chrf": full["chrf"], "bleu_signature": full["bleu_signature"],
-              "runs": runs, "importance_baseline": baseline, "scratch": scratch,
-              "budget_comparison": budget_comparison(runs), "minutes": (time.time() - started) / 60,
-              "resumed_runs": resumed,
-              "run_minutes": sum(r["minutes"] for r in runs) + (scratch["minutes"] if scratch else 0.0)}
-    write_figures(result, out_dir, tb)
-    tb.close()
-    (out_dir / "sweep.json").write_text(json.dumps(result, indent=1))
-    (out_dir / "results.md").write_text(results_markdown(result))
-    mark_complete(out_dir, {"results": "sweep.json", "report": "results.md"})
-    progress(f"sweep done in {result['minutes']:.1f} min: {out_dir / 'results.md'}")
-    return result
+    return runs, resumed
 
 
 def _kinds_text(per_kind: dict) -> str:

@@ -19,11 +19,15 @@ from typing import Callable
 
 import torch
 
+from prunetrain.engine.heads import find_heads
 from prunetrain.mt import ranks
 from prunetrain.mt.data import load_tokenizer
 from prunetrain.mt.init_architecture import apply_initial_architecture
 from prunetrain.mt.recipe import Recipe
+from prunetrain.mt.report import write_report
+from prunetrain.mt.run_checks import check_points_reachable
 from prunetrain.mt.run_dir import mark_complete, prepare_output_dir
+from prunetrain.mt.run_record import data_record, recipe_inputs, with_data_dir
 from prunetrain.mt.training_setup import train_seq2seq, training_args
 from prunetrain.training.time_cap import TimeCapCallback
 
@@ -271,24 +275,50 @@ def run_recipe(recipe: Recipe, out_dir: str | Path, *, data_dir: str | None = No
         overwrite: delete what `out_dir` holds first.
         progress: receives one line per step.
     """
-    from prunetrain.engine.heads import find_heads
-    from prunetrain.mt.report import write_report
-
-    from prunetrain.mt.run_checks import check_points_reachable
-    from prunetrain.mt.run_record import data_record, recipe_inputs, with_data_dir
-
     out_dir = Path(out_dir)
     started = time.time()
     recipe = with_data_dir(recipe, data_dir)  # --data-dir is data.dir: recipe.yaml and results.json name it
     ranks.check_global_batch(recipe.train.batch_size)  # under torchrun: rank 0 writes, the others wait (mt.ranks)
     ranks.start()
     progress = progress if ranks.is_main() else (lambda message: None)
-    pairs = ranks.shared(lambda: load_pairs(recipe, None), lambda: load_pairs(recipe, None))  # checked before the
-    check_points_reachable(recipe, len(pairs[0]))  # output directory is touched; a schedule that can never fire is
-    ranks.on_main(lambda: prepare_output_dir(  # refused, not run; a resume reads the same data
+    pairs = start_run(recipe, out_dir, resume=resume, overwrite=overwrite, progress=progress)
+    model, inputs, initial = set_up_model(recipe, out_dir, pairs, resume=resume, progress=progress)
+    callbacks, time_cap, clock = make_callbacks(recipe, inputs)
+    train_start = time.time()
+    model = train(recipe, model, inputs, out_dir, callbacks, resume=resume)
+    if not ranks.end_training():
+        return None  # under torchrun rank 0 alone evaluates, saves and reports
+    training = TrainingOutcome((time.time() - train_start) / 60, time_cap, clock, initial)
+    report_training(recipe, training, progress)
+    final = prune_and_evaluate(recipe, model, inputs, progress)
+    saved = save_final_models(recipe, final, inputs.tokenizer, out_dir)
+    final["mask"].to_json(out_dir / "final_mask.json")
+    bench = benchmark(recipe, inputs.tokenizer, final["pruned"], out_dir, inputs.bf16, progress)
+    results = collect_results(recipe, out_dir, training, final, dict(bench=bench, saved=saved), started)
+    write_test_translations(out_dir, final["shrunk"])
+    (out_dir / "results.json").write_text(json.dumps(results, indent=1))
+    write_report(out_dir, results)
+    mark_complete(out_dir, {"results": "results.json", "report": "report.md"})
+    progress(f"report: {out_dir / 'report.md'}")
+    return results
+
+
+def start_run(recipe: Recipe, out_dir: Path, *, resume: bool, overwrite: bool, progress: Callable[[str], None]):
+    """Read the data, refuse a schedule that can never fire, then (rank 0) check and prepare the run directory;
+    returns the (train, valid, test) pairs. Everything is checked before the output directory is touched, and a
+    resume reads the same data."""
+    pairs = ranks.shared(lambda: load_pairs(recipe, None), lambda: load_pairs(recipe, None))
+    check_points_reachable(recipe, len(pairs[0]))
+    ranks.on_main(lambda: prepare_output_dir(
         out_dir, recipe, resume=resume, overwrite=overwrite, progress=progress, inputs=recipe_inputs(recipe),
         data=data_record(recipe, pairs)))
     progress(f"data: {len(pairs[0])} train, {len(pairs[1])} valid, {len(pairs[2])} test pairs")
+    return pairs
+
+
+def set_up_model(recipe: Recipe, out_dir: Path, pairs, *, resume: bool, progress: Callable[[str], None]):
+    """The tokenizer (rank 0 trains it, the other ranks load it), the model (with the recipe's initial
+    architecture) and the run's inputs, with one progress line each; returns (model, inputs, initial)."""
     tokenizer = ranks.shared(lambda: load_or_train_tokenizer(recipe, out_dir, pairs[0], resume=resume),
                              lambda: load_tokenizer(out_dir / "tokenizer"))
     model = build_model(recipe, tokenizer)
@@ -300,58 +330,63 @@ def run_recipe(recipe: Recipe, out_dir: str | Path, *, data_dir: str | None = No
     progress(f"precision: {'bf16 autocast' if inputs.bf16 else 'fp32'} (train.precision={recipe.train.precision})")
     progress(f"model: {sum(x.numel() for x in model.parameters()) / 1e6:.1f} M parameters, "
              f"{find_heads(model).summary()}")
-    late = beyond_epochs(recipe)
-    for key, points in late.items():
+    for key, points in beyond_epochs(recipe).items():
         progress(f"not reached: pruning.{key} {points} lie beyond train.epochs={recipe.train.epochs}")
     if recipe.pruning.method == "l0" and (recipe.pruning.schedule or recipe.pruning.schedule_steps):
         progress("pruning.method=l0: the Hard-Concrete gates choose the heads (budget pruning.l0_target_heads="
                  f"{recipe.pruning.l0_target_heads}); pruning.schedule/schedule_steps/shrink_steps are not used")
-    callbacks, time_cap, clock = make_callbacks(recipe, inputs)
-    train_start = time.time()
-    model = train(recipe, model, inputs, out_dir, callbacks, resume=resume)
-    if not ranks.end_training():
-        return None  # under torchrun rank 0 alone evaluates, saves and reports
-    train_minutes = (time.time() - train_start) / 60
-    progress(f"training took {train_minutes:.1f} min"
+    return model, inputs, initial
+
+
+@dataclass
+class TrainingOutcome:
+    """What training leaves for the report: its minutes, the time cap, the clock (BLEU over training, FLOPs) and
+    the initial architecture the run started from."""
+
+    minutes: float
+    time_cap: TimeCapCallback
+    clock: object
+    initial: dict | None
+
+
+def report_training(recipe: Recipe, training: TrainingOutcome, progress: Callable[[str], None]) -> None:
+    """One line for how long training took (and where the time cap stopped it), one when the FLOP budget was not
+    reached."""
+    time_cap, clock = training.time_cap, training.clock
+    progress(f"training took {training.minutes:.1f} min"
              + (f"; the time cap fired at step {time_cap.stopped_at_step} (epoch {time_cap.stopped_at:.2f}) of "
                 f"{time_cap.planned_steps} planned" if time_cap.fired else ""))
-
     if recipe.train.max_flops and clock.budget_reached_at_step is None:
         progress(f"the FLOP budget train.max_flops={recipe.train.max_flops:.4g} was not reached: training ended at "
                  f"step {time_cap.last_step} after {clock.flops:.4g} FLOPs (train.epochs="
                  f"{recipe.train.epochs}, train.max_steps={recipe.train.max_steps} or the time cap ended it first)")
 
-    final = prune_and_evaluate(recipe, model, inputs, progress)
-    saved = save_final_models(recipe, final, inputs.tokenizer, out_dir)
-    final["mask"].to_json(out_dir / "final_mask.json")
-    bench = benchmark(recipe, inputs.tokenizer, final["pruned"], out_dir, inputs.bf16, progress)
+
+def collect_results(recipe: Recipe, out_dir: Path, training: TrainingOutcome, final: dict, written: dict,
+                    started: float) -> dict:
+    """The `results.json` record of a finished run (`written`: the benchmark's result and the saved models)."""
+    time_cap, clock = training.time_cap, training.clock
     final_layout = find_heads(final["pruned"])
     final_parameters = sum(x.numel() for x in final["pruned"].parameters())
-    step_seconds = clock.step_seconds
-    results = {
-        "recipe": recipe.to_dict(), "train_minutes": train_minutes, "total_minutes": (time.time() - started) / 60,
-        "train_step_minutes": step_seconds / 60, "steps": int(time_cap.last_step or 0),
+    return {
+        "recipe": recipe.to_dict(), "train_minutes": training.minutes,
+        "total_minutes": (time.time() - started) / 60,
+        "train_step_minutes": clock.step_seconds / 60, "steps": int(time_cap.last_step or 0),
         "train_flops": clock.flops if clock.meter.counted else None, "max_flops": recipe.train.max_flops or None,
         "flop_budget_reached_at_step": clock.budget_reached_at_step, "flop_fits": clock.meter.fits,
-        "initial_architecture": initial,
+        "initial_architecture": training.initial,
         "stopped_early_at_epoch": time_cap.stopped_at, "time_cap": time_cap.to_dict(),
-        "points": points_summary(out_dir, late), "heads_original": original_heads(recipe),
+        "points": points_summary(out_dir, beyond_epochs(recipe)), "heads_original": original_heads(recipe),
         "heads_trained": final["mask"].num_heads, "heads_total": original_heads(recipe),
         "heads_kept": final_layout.total_heads, "kept_per_kind": final_layout.heads_per_kind(),
         "parameters_final": final_parameters,
         "trained_name": trained_name(recipe, final["mask"].num_heads),
         "test_full": _strip(final["full"]), "test_masked": _strip(final["masked"]) if final["masked"] else None,
-        "test_pruned": _strip(final["shrunk"]), "bench": bench, "saved": saved,
+        "test_pruned": _strip(final["shrunk"]), "bench": written["bench"], "saved": written["saved"],
         "bleu_over_training": clock.records + [final_record(final["shrunk"], final_layout.total_heads,
                                                             final_parameters, clock, time_cap)],
         "step_rate": clock.segments, "pruning_events": _read_json(out_dir / "prunetrain" / "pruning_events.json"),
     }
-    write_test_translations(out_dir, final["shrunk"])
-    (out_dir / "results.json").write_text(json.dumps(results, indent=1))
-    write_report(out_dir, results)
-    mark_complete(out_dir, {"results": "results.json", "report": "report.md"})
-    progress(f"report: {out_dir / 'report.md'}")
-    return results
 
 
 def save_final_models(recipe: Recipe, final: dict, tokenizer, out_dir: Path) -> dict[str, str]:
