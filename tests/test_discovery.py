@@ -13,6 +13,7 @@ from torch import nn
 
 import prunetrain as pt
 from prunetrain.engine.families import discover_adapter, supported_model_types, unregister
+from prunetrain.engine.registry import adapter_for
 from prunetrain.zoo import random_mask
 
 
@@ -91,7 +92,8 @@ class _Attention(nn.Module):
 class _TinyModel(nn.Module):
     def __init__(self, model_type, layout, norm_all=False, width=32, heads=4, layers=2, vocab=40):
         super().__init__()
-        self.config = SimpleNamespace(model_type=model_type, vocab_size=vocab, is_encoder_decoder=False)
+        self.config = SimpleNamespace(model_type=model_type, vocab_size=vocab, is_encoder_decoder=False,
+                                      norm_all=norm_all, width=width, heads=heads)
         self.embed = nn.Embedding(vocab, width)
         self.blocks = nn.ModuleList(_Attention(width, heads, layout, norm_all) for _ in range(layers))
         self.head = nn.Linear(width, vocab)
@@ -129,6 +131,26 @@ def test_a_norm_across_all_heads_fails_the_self_check_and_names_the_module(regis
         discover_adapter(model)
     assert "tiny-norm-all" not in supported_model_types()  # nothing registered
     assert all(torch.equal(model.state_dict()[k], v) for k, v in before.items())  # checks ran on copies
+
+
+def test_an_adapter_is_proven_again_on_a_model_of_another_configuration(registry):
+    """Discovered on one configuration, the adapter is re-proven before it touches a model of the same type with
+    another one: with a norm across all heads there it is refused, naming the site, and nothing is changed; a model
+    of the configuration it was proven on is not checked again."""
+    torch.manual_seed(0)
+    discover_adapter(_TinyModel("tiny-configs", "separate").eval())
+    other = _TinyModel("tiny-configs", "separate", norm_all=True).eval()
+    before = {k: v.clone() for k, v in other.state_dict().items()}
+    with pytest.raises(ValueError, match=r"the adapter discovered for model_type 'tiny-configs' was proven on another "
+                                         r"configuration and is not exact on this one: site 'blocks\.0' failed its "
+                                         r"self-check \(masked and shrunk outputs differ"):
+        pt.find_heads(other)
+    assert all(torch.equal(other.state_dict()[k], v) for k, v in before.items())
+    with pytest.raises(ValueError, match="not exact on this one"):  # refused every time, not only once
+        pt.find_heads(other)
+    wider = _TinyModel("tiny-configs", "separate", width=48, heads=6).eval()  # another configuration, still exact
+    assert pt.find_heads(wider).total_heads == 12
+    assert len(adapter_for(wider).proven) == 2  # proven on both, refused on the third
 
 
 def test_discovery_refuses_supported_types_and_models_without_sites():
@@ -196,7 +218,9 @@ def _model(model_type: str):
         "umt5": lambda: tf.UMT5ForConditionalGeneration(tf.UMT5Config(d_model=32, d_kv=8, d_ff=64, num_layers=2,
                                                                       num_heads=4, decoder_start_token_id=0,
                                                                       **_TOKENS)),
-        "codegen": lambda: tf.CodeGenForCausalLM(tf.CodeGenConfig(n_embd=32, n_layer=2, n_head=4, rotary_dim=4,
+        # 8 heads on CodeGen's 4 model-parallel shards: its fused projection holds two heads' q, then v, then k per
+        # shard (with 4 heads, one per shard, it is per head, and transformers ≥ 5.24's CodeGen is then exact)
+        "codegen": lambda: tf.CodeGenForCausalLM(tf.CodeGenConfig(n_embd=64, n_layer=2, n_head=8, rotary_dim=4,
                                                                   n_positions=64, **_TOKENS)),
         "bloom": lambda: tf.BloomForCausalLM(tf.BloomConfig(hidden_size=32, n_layer=2, n_head=4, **_TOKENS)),
         "olmoe": lambda: tf.OlmoeForCausalLM(tf.OlmoeConfig(**small, num_key_value_heads=2, num_experts=4,

@@ -74,9 +74,9 @@ class _CacheMarker:
         self.cache_kwargs = tuple(cache_kwargs)
 
     def __call__(self, module: nn.Module, args, kwargs, output) -> None:
-        from prunetrain.engine.families.core import switch_class
+        from prunetrain.engine.families.core import cache_argument, switch_class
 
-        cache = next((kwargs[key] for key in self.cache_kwargs if kwargs.get(key) is not None), None)
+        cache = cache_argument(kwargs, self.cache_kwargs)
         index = getattr(module, "layer_idx", None)
         if cache is None or index is None:
             return

@@ -97,10 +97,17 @@ class BiasSelection:
         return (attn_output, bias, *rest)
 
 
+def _cache_argument(kwargs, names):
+    """The KV cache among an attention module's keyword arguments: the first of `names` or of `cache` (its name from
+    transformers 5.24), `past_key_values`, `past_key_value` that is given."""
+    return next((kwargs[k] for k in (*names, "cache", "past_key_values", "past_key_value") if kwargs.get(k) is not None),
+                None)
+
+
 def headless_forward(self, hidden_states, *args, **kwargs):
     """Forward of an attention site with no heads: the output projection of an empty `[..., 0]` input."""
     lead = hidden_states.shape[:-1]
-    cache = next((kwargs[k] for k in self._pt_cache_kwargs if kwargs.get(k) is not None), None)
+    cache = _cache_argument(kwargs, self._pt_cache_kwargs)
     index = getattr(self, "layer_idx", None)
     if cache is not None and index is not None and not getattr(self, "_pt_cross", False):
         cache = getattr(cache, "self_attention_cache", cache)
@@ -161,7 +168,7 @@ def _headless_cache_layer() -> type:
 
 def _mark_cache_layer(kwarg_names):
     def hook(module, args, kwargs, output):
-        cache = next((kwargs[key] for key in kwarg_names if kwargs.get(key) is not None), None)
+        cache = _cache_argument(kwargs, kwarg_names)
         index = getattr(module, "layer_idx", None)
         if cache is None or index is None:
             return

@@ -59,6 +59,16 @@ Select = Callable[[nn.Parameter, int, torch.Tensor], None]
 
 CROSS_ATTENTION_NAMES = {"encoder_attn", "EncDecAttention", "crossattention"}
 
+CACHE_KWARGS = ("cache", "past_key_values", "past_key_value")
+"""The keywords under which transformers hands an attention module its KV cache: `cache` from transformers 5.24
+(`past_key_values` is deprecated there), `past_key_values` / `past_key_value` before."""
+
+
+def cache_argument(kwargs: dict, names: tuple[str, ...]):
+    """The KV cache among an attention module's keyword arguments: the first of `names` (the family's keywords)
+    or of `CACHE_KWARGS` that is given, else None."""
+    return next((kwargs[k] for k in (*names, *CACHE_KWARGS) if kwargs.get(k) is not None), None)
+
 
 def head_rows(heads: torch.Tensor, head_dim: int) -> torch.Tensor:
     """Row indices of the given heads in a head-major `[num_heads * head_dim]` axis."""
@@ -161,7 +171,7 @@ def headless_forward(self, hidden_states, *args, **kwargs):
     generation keeps counting positions. Class attributes of the switched class say where things are:
     `_pt_out` (output projection path), `_pt_cache_kwargs`, `_pt_time_first`, `_pt_head_dim` (attribute name)."""
     lead = hidden_states.shape[:-1]
-    cache = next((kwargs[k] for k in self._pt_cache_kwargs if kwargs.get(k) is not None), None)
+    cache = cache_argument(kwargs, self._pt_cache_kwargs)
     index = getattr(self, "layer_idx", None)
     if cache is not None and index is not None and not getattr(self, "_pt_cross", False):
         cache = getattr(cache, "self_attention_cache", cache)
@@ -181,7 +191,7 @@ def headless_forward(self, hidden_states, *args, **kwargs):
 
 
 def define_headless(name: str, base: Callable[[], type], out: str | None, head_dim: str,
-                    cache_kwargs=("past_key_values",), time_first: bool = False, post: str | None = None,
+                    cache_kwargs=CACHE_KWARGS, time_first: bool = False, post: str | None = None,
                     head_dim_value: int | None = None) -> str:
     """Declare the head-less form of an attention class (its forward is `headless_forward`).
 
@@ -218,7 +228,7 @@ class FamilyAdapter:
     name: str = ""
     model_types: tuple[str, ...] = ()
     time_first: bool = False
-    cache_kwargs: tuple[str, ...] = ("past_key_values", "past_key_value")
+    cache_kwargs: tuple[str, ...] = CACHE_KWARGS
 
     def sites(self, model: nn.Module) -> list[AttentionSite]:  # pragma: no cover - abstract
         raise NotImplementedError

@@ -82,7 +82,8 @@ class MoEAdapter(_Decoder):
     module_classes = ("MixtralAttention", "Qwen2MoeAttention")
 
 
-def _olmo2_forward(self, hidden_states, position_embeddings, attention_mask, past_key_values=None, **kwargs):
+def _olmo2_forward(self, hidden_states, position_embeddings, attention_mask, past_key_values=None, cache=None,
+                   **kwargs):
     """OLMo 2 attention after shrink: q/k are projected and normalised over the *full* width (the norms' statistics
     span all heads), then the kept heads' features (`_pt_q_rows`, `_pt_k_rows`) are selected; v and o are sliced."""
     from transformers.models.olmo2 import modeling_olmo2 as olmo2
@@ -96,8 +97,9 @@ def _olmo2_forward(self, hidden_states, position_embeddings, attention_mask, pas
     query, key, value = (x.view(hidden_shape).transpose(1, 2) for x in (query, key, self.v_proj(hidden_states)))
     cos, sin = position_embeddings
     query, key = olmo2.apply_rotary_pos_emb(query, key, cos, sin)
-    if past_key_values is not None:
-        key, value = past_key_values.update(key, value, self.layer_idx)
+    cache = cache if cache is not None else past_key_values  # `cache` from transformers 5.24
+    if cache is not None:
+        key, value = cache.update(key, value, self.layer_idx)
     attention = olmo2.ALL_ATTENTION_FUNCTIONS.get_interface(self.config._attn_implementation,
                                                             olmo2.eager_attention_forward)
     out, weights = attention(self, query, key, value, attention_mask,
@@ -155,7 +157,8 @@ class OPTAdapter(LinearAttentionAdapter):
         return model.config.num_attention_heads
 
 
-def _phi3_forward(self, hidden_states, position_embeddings, attention_mask, past_key_values=None, **kwargs):
+def _phi3_forward(self, hidden_states, position_embeddings, attention_mask, past_key_values=None, cache=None,
+                  **kwargs):
     """Phi-3 attention for any number of heads: the fused `qkv_proj` output is split with this module's own head
     counts (`num_heads`, `num_key_value_heads`) instead of the shared config's `num_attention_heads`."""
     from transformers.models.phi3 import modeling_phi3 as phi3
@@ -169,8 +172,9 @@ def _phi3_forward(self, hidden_states, position_embeddings, attention_mask, past
     value = qkv[..., q_width + kv_width:].view(hidden_shape).transpose(1, 2)
     cos, sin = position_embeddings
     query, key = phi3.apply_rotary_pos_emb(query, key, cos, sin)
-    if past_key_values is not None:
-        key, value = past_key_values.update(key, value, self.layer_idx)
+    cache = cache if cache is not None else past_key_values  # `cache` from transformers 5.24
+    if cache is not None:
+        key, value = cache.update(key, value, self.layer_idx)
     attention = phi3.ALL_ATTENTION_FUNCTIONS.get_interface(self.config._attn_implementation,
                                                            phi3.eager_attention_forward)
     out, weights = attention(self, query, key, value, attention_mask,

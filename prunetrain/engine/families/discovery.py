@@ -39,6 +39,7 @@ from torch import nn
 
 from prunetrain.engine.families.core import register
 from prunetrain.engine.families.discovery_adapter import DiscoveredAdapter, adapter_from_description
+from prunetrain.engine.families.discovery_check import prove
 from prunetrain.engine.families.discovery_propose import (CONFIG_HEAD_COUNTS, FUSED_LAYOUTS, GROUP_ATTRS,
                                                           HEAD_COUNT_ATTRS, HEAD_DIM_ATTRS, KV_COUNT_ATTRS, PROBE_BATCH,
                                                           PROBE_LENGTH, WIDTH_ATTRS, Proposal, ShrinkAttrs,
@@ -66,8 +67,6 @@ def discover_adapter(model: nn.Module, inputs: dict | None = None, register_it: 
     Raises:
         ValueError: no candidate site, or a failed self-check (naming the module and, when recognised, the reason).
     """
-    from prunetrain.engine.families.discovery_check import prove
-
     model_type = getattr(getattr(model, "config", None), "model_type", None)
     if not model_type:
         raise ValueError(f"model: {type(model).__name__} has no config.model_type to register an adapter under.")

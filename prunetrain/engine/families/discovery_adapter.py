@@ -4,6 +4,7 @@ description a pruned directory records (`adapter_from_description`; see `prunetr
 
 from __future__ import annotations
 
+import json
 import re
 
 import torch
@@ -16,22 +17,72 @@ from prunetrain.engine.families.discovery_propose import Proposal, _has
 from prunetrain.engine.heads import AttentionSite, HeadSite
 
 
+UNPROVEN_KEYS = ("_name_or_path", "architectures", "transformers_version", "torch_dtype", "dtype", "auto_map",
+                 "model_type", "_commit_hash")
+"""Config entries that cannot change how attention computes (names, versions, storage dtype); `config_fingerprint`
+leaves them out, and every `prunetrain*` entry (the layout a shrink records)."""
+
+
+def config_fingerprint(model: nn.Module) -> str:
+    """The model's configuration as one JSON string (without `UNPROVEN_KEYS`): a discovered adapter is proven per
+    fingerprint, since the same model type may compute differently under another configuration (CodeGen's fused
+    projection is laid out per head only when its head count equals its 4 model-parallel shards)."""
+    config = getattr(model, "config", None)
+    values = config.to_dict() if hasattr(config, "to_dict") else dict(vars(config)) if config is not None else {}
+    kept = {k: v for k, v in values.items() if k not in UNPROVEN_KEYS and not str(k).startswith("prunetrain")}
+    return json.dumps(kept, sort_keys=True, default=repr)
+
+
+_prover: list = []  # the self-check `ensure_proven` runs (`discovery_check.prove_again`, installed by `set_prover`)
+
+
+def set_prover(prove_again) -> None:
+    """Install the self-check a discovered adapter runs on a model of a configuration it was not proven on
+    (`discovery_check` installs it; this module does not import it, so the engine has no import circle)."""
+    _prover[:] = [prove_again]
+
+
 class DiscoveredAdapter(LinearAttentionAdapter):
-    """An adapter built from proposals (subclassed per model type by `adapter_from_description`)."""
+    """An adapter built from proposals (subclassed per model type by `adapter_from_description`).
+
+    `proven` holds the configurations (`config_fingerprint`) it passed its self-check on; `sites` proves it again
+    (`discovery_check.prove_again`) on a model of any other configuration before it touches it, and refuses the model
+    if it fails. None (a pruned directory written before configurations were recorded): not checked."""
 
     proposals: dict[str, Proposal] = {}
     proposal: Proposal | None = None  # the first (usually only) one
     original: dict[str, int] = {}  # site path -> heads when discovered
+    proven: frozenset[str] | None = frozenset()
 
     def description(self) -> dict:
         """Everything that rebuilds this adapter (JSON): recorded in pruned directories."""
+        proven = None if self.proven is None else sorted(self.proven)
         return {"model_type": self.model_types[0], "proposals": [p.to_dict() for p in self.proposals.values()],
-                "original_heads": dict(self.original)}
+                "original_heads": dict(self.original), "proven_configs": proven}
 
     def proposal_of(self, module: nn.Module) -> Proposal:
         return next(self.proposals[c] for c in class_names(module) if c in self.proposals)
 
+    def ensure_proven(self, model: nn.Module) -> None:
+        """Prove this adapter on `model`'s configuration unless it was proven on it (class docstring)."""
+        if self.proven is None:
+            return
+        key = config_fingerprint(model)
+        if key in self.proven:
+            return
+        if not _prover:
+            raise ValueError(f"model: the adapter discovered for model_type {self.model_types[0]!r} was proven on "
+                             f"another configuration; import prunetrain.engine.families.discovery to check it here.")
+        cls = type(self)
+        cls.proven = cls.proven | {key}  # the check's own calls of `sites` (on a copy of `model`) must not recurse
+        try:
+            _prover[0](self, model)
+        except BaseException:
+            cls.proven = cls.proven - {key}
+            raise
+
     def sites(self, model: nn.Module) -> list[AttentionSite]:
+        self.ensure_proven(model)
         found = []
         for path, module in model.named_modules():
             if not class_names(module) & set(self.proposals):
@@ -115,4 +166,6 @@ def adapter_from_description(description: dict) -> type[DiscoveredAdapter]:
         "name": f"discovered:{model_type}", "model_types": (model_type,), "proposals": proposals,
         "proposal": next(iter(proposals.values())), "module_classes": tuple(proposals),
         "original": dict(description.get("original_heads", {})),
+        "proven": (frozenset(description["proven_configs"]) if description.get("proven_configs") is not None
+                   else None),
     })

@@ -24,7 +24,8 @@ import torch
 from torch import nn
 
 from prunetrain.engine.families.core import _get
-from prunetrain.engine.families.discovery_adapter import DiscoveredAdapter, adapter_from_description
+from prunetrain.engine.families.discovery_adapter import (DiscoveredAdapter, adapter_from_description,
+                                                          config_fingerprint, set_prover)
 from prunetrain.engine.families.discovery_propose import Proposal, variants
 
 TOL = 1e-5
@@ -199,6 +200,7 @@ def prove(model: nn.Module, inputs: dict, model_type: str, proposals: list[Propo
     for reading in readings:
         cls = adapter_from_description({"model_type": model_type, "proposals": [p.to_dict() for p in reading],
                                         "original_heads": heads})
+        cls.proven = frozenset({config_fingerprint(model)})
         failure = self_check(cls(), perturbed, inputs)
         if failure is None:
             return cls
@@ -214,3 +216,29 @@ def prove(model: nn.Module, inputs: dict, model_type: str, proposals: list[Propo
     verdict = (f"cannot be pruned exactly: {why} (its self-check: {failure})" if why
                else f"failed its self-check: {failure}")
     raise ValueError(f"{where} {verdict}. Register an adapter for it by hand (see prunetrain.engine.families.core).")
+
+
+def prove_again(adapter: DiscoveredAdapter, model: nn.Module) -> None:
+    """`self_check` of an adapter proven on another configuration, on a perturbed copy of `model`; `ValueError` naming
+    the model type, the failing site and what failed if it is not exact here."""
+    from prunetrain.engine.families.discovery_propose import probe_inputs
+
+    model_type = adapter.model_types[0]
+    was_training = model.training
+    model.eval()
+    try:
+        failure = self_check(adapter, perturbed_copy(model), probe_inputs(model))
+    except ValueError as err:
+        raise ValueError(f"model: the adapter discovered for model_type {model_type!r} was proven on another "
+                         f"configuration and cannot be checked on this one ({err}); unregister "
+                         f"{adapter.name!r} and run discover_adapter(model, inputs) on it.") from None
+    finally:
+        model.train(was_training)
+    if failure is not None:
+        culprit, what = failure
+        raise ValueError(f"model: the adapter discovered for model_type {model_type!r} was proven on another "
+                         f"configuration and is not exact on this one: site {culprit!r} failed its self-check "
+                         f"({what}). Register an adapter for it by hand (see prunetrain.engine.families.core).")
+
+
+set_prover(prove_again)

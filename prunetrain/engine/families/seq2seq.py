@@ -16,7 +16,7 @@ from __future__ import annotations
 import torch
 
 from prunetrain.engine.families.classic import T5Adapter
-from prunetrain.engine.families.core import (LinearAttentionAdapter, define_headless, define_subclass,
+from prunetrain.engine.families.core import (CACHE_KWARGS, LinearAttentionAdapter, define_headless, define_subclass,
                                              headless_forward, register, switch_class)
 from prunetrain.engine.heads import AttentionSite
 
@@ -80,7 +80,7 @@ projection's bias; a decoder site still writes empty keys/values to the cache, s
 
 HEADLESS_WHISPER_CROSS = define_subclass("HeadlessWhisperCrossAttention", _whisper_attention, forward=headless_forward,
                                          _pt_out="out_proj", _pt_head_dim="head_dim",
-                                         _pt_cache_kwargs=("past_key_values",), _pt_time_first=False, _pt_post=None,
+                                         _pt_cache_kwargs=CACHE_KWARGS, _pt_time_first=False, _pt_post=None,
                                          _pt_cross=True)
 """Whisper cross attention with every head removed: the output projection's bias, and no cache entry (`_pt_cross`:
 the decoder's self-attention cache is not this site's)."""
