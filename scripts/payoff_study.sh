@@ -8,7 +8,9 @@
 # test_translations.json, the final layout) is copied to recipes/results/wmt-small-deen-study/ARM-sSEED when the
 # run is complete. Run one at a time on a quiet machine (timings are recorded).
 # Arms:
-#   gradual              the main recipe as it is (masks at 400/800, shrinks at 600/1000, 36 of 144 heads)
+#   small-steps          the main recipe as it is, the default since the study chose it: 12.5 % of the heads masked
+#                        every 100 steps from step 300 to 800, shrinks at 400/600/800, 36 of 144 heads
+#   gradual              the previous default: 25/50/62.5/75 % masked at steps 400/600/800/1000, shrinks at 600/1000
 #   off                  pruning off: the full model
 #   scratch              the gradual run's final architecture (same seed), freshly initialised, trained from scratch
 #   random-init          36 heads chosen at random at initialisation, trained from scratch
@@ -17,16 +19,20 @@
 #   l0                   Hard-Concrete gates with a 36-head budget from step 600, shrunk at the end (Voita §6)
 #   early                the gradual schedule two to five times earlier (200/300/400/500)
 #   late                 later (800/1000/1200/1400)
-#   small-steps          more, smaller steps (12.5 % every 100 steps from 300 to 800, shrinks at 400/600/800)
 #   per-kind             the gradual schedule with Voita's order: 6 encoder-self, 12 decoder-self, 18 cross heads kept
-# SCRATCH_FROM (default gradual) names the arm whose final architecture the scratch arm trains.
+# SCRATCH_FROM (default gradual) names the arm whose final architecture the scratch arm trains; another arm than
+# gradual is kept as scratch-of-ARM-sSEED (SCRATCH_FROM=small-steps: the default's architecture from scratch).
+# RESUME=1 continues an interrupted run of the arm (`prunetrain recipe --resume`; its minutes then count only the
+# resumed part).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 arm=${1:?usage: payoff_study.sh ARM SEED}
 seed=${2:?usage: payoff_study.sh ARM SEED}
 off=(--set 'pruning.schedule_steps={}' --set 'pruning.shrink_steps=[]')
+gradual=(--set 'pruning.schedule_steps={400: 0.25, 600: 0.5, 800: 0.625, 1000: 0.75}' --set 'pruning.shrink_steps=[600, 1000]')
 case "$arm" in
-  gradual) sets=() ;;
+  small-steps) sets=() ;;
+  gradual) sets=("${gradual[@]}") ;;
   off) sets=("${off[@]}") ;;
   scratch) sets=("${off[@]}" --set
                  "pruning.init_layout=recipes/results/wmt-small-deen-study/${SCRATCH_FROM:-gradual}-s$seed/layout.json") ;;
@@ -37,15 +43,16 @@ case "$arm" in
                --set 'pruning.shrink_steps=[300, 500]') ;;
   late) sets=(--set 'pruning.schedule_steps={800: 0.25, 1000: 0.5, 1200: 0.625, 1400: 0.75}'
               --set 'pruning.shrink_steps=[1000, 1400]') ;;
-  small-steps) sets=(--set 'pruning.schedule_steps={300: 0.125, 400: 0.25, 500: 0.375, 600: 0.5, 700: 0.625, 800: 0.75}'
-                     --set 'pruning.shrink_steps=[400, 600, 800]') ;;
-  per-kind) sets=(--set pruning.scope=kind
+  per-kind) sets=("${gradual[@]}" --set pruning.scope=kind
                   --set 'pruning.kept_per_kind={encoder_self: 6, decoder_self: 12, cross: 18}') ;;
   *) echo "payoff_study.sh: unknown arm '$arm'" >&2; exit 2 ;;
 esac
-out="checkpoints/study/$arm-s$seed"
-.venv/bin/prunetrain recipe wmt-small-deen --set "train.seed=$seed" "${sets[@]}" --output "$out"
-keep="recipes/results/wmt-small-deen-study/$arm-s$seed"
+name=$arm
+[ "$arm" = scratch ] && [ "${SCRATCH_FROM:-gradual}" != gradual ] && name="scratch-of-$SCRATCH_FROM"
+out="checkpoints/study/$name-s$seed"
+resume=(); [ "${RESUME:-0}" = 1 ] && resume=(--resume)
+.venv/bin/prunetrain recipe wmt-small-deen --set "train.seed=$seed" "${sets[@]}" --output "$out" "${resume[@]}"
+keep="recipes/results/wmt-small-deen-study/$name-s$seed"
 mkdir -p "$keep"
 cp "$out/results.json" "$out/report.md" "$out/test_translations.json" "$keep/"
 for model in pruned full; do

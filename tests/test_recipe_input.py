@@ -197,6 +197,43 @@ def test_a_finished_run_records_what_it_read_and_refuses_resume(smoke_recipe_run
     assert tree(copy) == before  # results.json, report.md, bench.json untouched
 
 
+@pytest.mark.slow
+def test_a_resumed_run_records_where_it_resumed_and_its_minutes_say_so(smoke_recipe_run, tmp_path, multi30k_dir):
+    """An interrupted run (its last checkpoint and results gone) resumed with --resume ends at the same step; its
+    wall minutes count only the resumed part, which results.json, the report and `prunetrain compare` say (the
+    arm's whole-run minutes leave it out)."""
+    from conftest import run_cli
+
+    out, result = smoke_recipe_run
+    assert result.returncode == 0, result.stderr[-3000:]
+    first = json.loads((out / "results.json").read_text())
+    assert first["resumed_from_step"] is None
+    cut = Path(shutil.copytree(out, tmp_path / "cut"))
+    steps = sorted(int(p.name.rsplit("-", 1)[1]) for p in cut.glob("checkpoint-*"))
+    assert len(steps) >= 2, steps
+    shutil.rmtree(cut / f"checkpoint-{steps[-1]}")
+    for name in ("run_complete.json", "results.json", "report.md"):
+        (cut / name).unlink()
+    resumed = run_cli("recipe", "wmt-small-deen", "--smoke", "--data-dir", multi30k_dir, "--output", cut, "--resume")
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    again = json.loads((cut / "results.json").read_text())
+    assert again["resumed_from_step"] == steps[-2] and again["steps"] == first["steps"]
+    assert again["heads_kept"] == first["heads_kept"]
+    # the training clock came through the resume: the same evaluation points, before and after it
+    assert [r["step"] for r in again["bleu_over_training"]] == [r["step"] for r in first["bleu_over_training"]]
+    assert f"resumed from the checkpoint at step {steps[-2]}: these minutes count only the resumed part" in \
+        (cut / "report.md").read_text()
+    compared = run_cli("compare", out, cut, "--names", "whole,resumed", "--output", tmp_path / "cmp",
+                       "--bootstrap-samples", "50")
+    assert compared.returncode == 0, compared.stderr[-3000:]
+    data = json.loads((tmp_path / "cmp" / "compare.json").read_text())
+    whole, part = data["arms"]
+    assert whole["total_minutes"]["n"] == 1 and part["total_minutes"]["n"] == 0
+    markdown = (tmp_path / "cmp" / "compare.md").read_text()
+    assert "(0 of 1 runs; resumed runs left out)" in markdown
+    assert f"(resumed part, from step {steps[-2]})" in markdown
+
+
 # ---------------------------------------------------------------------------------------------------------------------
 # amounts and masks
 # ---------------------------------------------------------------------------------------------------------------------

@@ -96,7 +96,7 @@ def summarize(name: str, results: dict) -> dict:
     return {"run": name, "heads": results["heads_kept"], "parameters": results.get("parameters_final"),
             "steps": results.get("steps"), "train_step_minutes": results.get("train_step_minutes"),
             "train_minutes": results.get("train_minutes"), "total_minutes": results.get("total_minutes"),
-            "bleu": final["bleu"], "chrf": final.get("chrf"), "num_beams": final.get("num_beams"),
+            "resumed_from_step": results.get("resumed_from_step"), "bleu": final["bleu"], "chrf": final.get("chrf"), "num_beams": final.get("num_beams"),
             "decode_sentences_per_second": final.get("sentences_per_second"),
             "kept_per_kind": results.get("kept_per_kind"), "step_rate": results.get("step_rate") or []}
 
@@ -139,8 +139,10 @@ def comparison_markdown(comparison: dict) -> str:
              "(training) | whole run min | test BLEU | decode sent/s |", "|---|---|---|---|---|---|---|---|---|"]
     for r in comparison["runs"]:
         params = f"{r['parameters'] / 1e6:.2f} M" if r.get("parameters") else ""
+        # a resumed run's wall minutes are those of the resumed part (its optimizer-step minutes span the whole run)
+        part = "" if r.get("resumed_from_step") is None else f" (resumed part, from step {r['resumed_from_step']})"
         lines.append(f"| {r['run']} | {r['heads']} | {params} | {r['steps']} | {_num(r['train_step_minutes'])} | "
-                     f"{_num(r['train_minutes'])} | {_num(r['total_minutes'])} | {r['bleu']:.2f} | "
+                     f"{_num(r['train_minutes'])}{part} | {_num(r['total_minutes'])}{part} | {r['bleu']:.2f} | "
                      f"{_num(r['decode_sentences_per_second'])} |")
     lines += ["", "## Steps per second between shrinks", "", "| run | steps | heads | steps/s | × first stretch |",
               "|---|---|---|---|---|"]

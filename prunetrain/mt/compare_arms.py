@@ -82,7 +82,9 @@ def summarize_arm(name: str, runs: list[dict]) -> dict:
             "train_flops": mean_sd([r.get("train_flops") for r in runs]),
             "steps": mean_sd([r.get("steps") for r in runs]),
             "train_step_minutes": mean_sd([r.get("train_step_minutes") for r in runs]),
-            "total_minutes": mean_sd([r.get("total_minutes") for r in runs]),
+            # a resumed run's whole-run minutes cover only its resumed part: left out of the mean
+            "total_minutes": mean_sd([None if r.get("resumed_from_step") is not None else r.get("total_minutes")
+                                      for r in runs]),
             "num_beams": finals[0].get("num_beams")}
 
 
@@ -153,7 +155,9 @@ def arms_markdown(comparison: dict) -> list[str]:
     for a in comparison["arms"]:
         lines.append(f"| {a['arm']} | {', '.join(map(str, a['seeds']))} | {_fmt(a['bleu'])} | {_fmt(a['chrf'])} | "
                      f"{_fmt(a['heads'], 0)} | {_fmt(a['parameters'], 2, 1e6)} | {_fmt(a['train_flops'], 3, scale)} | "
-                     f"{_fmt(a['steps'], 0)} | {_fmt(a['train_step_minutes'], 1)} | {_fmt(a['total_minutes'], 1)} |")
+                     f"{_fmt(a['steps'], 0)} | {_fmt(a['train_step_minutes'], 1)} | {_fmt(a['total_minutes'], 1)}"
+                     + (f" ({a['total_minutes']['n']} of {len(a['seeds'])} runs; resumed runs left out)"
+                        if a["total_minutes"]["n"] < len(a["seeds"]) else "") + " |")
     if comparison["equal_flops"]:
         targets = sorted({row["flops"] for row in comparison["equal_flops"]})
         scale, unit = flops_scale(targets)

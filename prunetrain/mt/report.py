@@ -120,7 +120,10 @@ def write_report(run: str | Path, results: dict) -> Path:
         + (f", {results['train_flops']:.4g} training FLOPs over {results['steps']} steps"
            if results.get("train_flops") else "") + f"; whole run {results['total_minutes']:.1f} min"
         + (f" (stopped by the time limit at epoch {results['stopped_early_at_epoch']:.2f})"
-           if results.get("stopped_early_at_epoch") else "") + ".",
+           if results.get("stopped_early_at_epoch") else "")
+        + (f" — resumed from the checkpoint at step {results['resumed_from_step']}: these minutes count only the "
+           f"resumed part; the optimizer-step time ({results['train_step_minutes']:.1f} min) spans the whole run"
+           if results.get("resumed_from_step") is not None else "") + ".",
         "",
         *_points_lines(results),
         "",

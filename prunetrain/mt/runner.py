@@ -170,7 +170,8 @@ def make_callbacks(recipe: Recipe, inputs: RunInputs) -> tuple[list, TimeCapCall
 
 
 def train(recipe: Recipe, model, inputs: RunInputs, out_dir: Path, callbacks: list, *, resume: bool):
-    """Train with `Seq2SeqTrainer` (resuming from the last complete checkpoint); returns the trained model."""
+    """Train with `Seq2SeqTrainer` (resuming from the last complete checkpoint); returns the trained model and the
+    step of the checkpoint it resumed from (None for a run trained in one go)."""
     from prunetrain.training.callbacks import last_complete_checkpoint, restore_layout
 
     t = recipe.train
@@ -189,7 +190,8 @@ def train(recipe: Recipe, model, inputs: RunInputs, out_dir: Path, callbacks: li
             raise ValueError(f"--resume: {str(out_dir)!r} has no complete checkpoint-* directory (the Trainer's "
                              f"state and every callback's) to resume from.")
         restore_layout(model, checkpoint)
-    return train_seq2seq(model, args, inputs.train_set, inputs.tokenizer, callbacks, checkpoint, loss).model
+    trained = train_seq2seq(model, args, inputs.train_set, inputs.tokenizer, callbacks, checkpoint, loss).model
+    return trained, (None if checkpoint is None else int(Path(checkpoint).name.rsplit("-", 1)[1]))
 
 
 def original_heads(recipe: Recipe) -> int:
@@ -285,10 +287,10 @@ def run_recipe(recipe: Recipe, out_dir: str | Path, *, data_dir: str | None = No
     model, inputs, initial = set_up_model(recipe, out_dir, pairs, resume=resume, progress=progress)
     callbacks, time_cap, clock = make_callbacks(recipe, inputs)
     train_start = time.time()
-    model = train(recipe, model, inputs, out_dir, callbacks, resume=resume)
+    model, resumed_from = train(recipe, model, inputs, out_dir, callbacks, resume=resume)
     if not ranks.end_training():
         return None  # under torchrun rank 0 alone evaluates, saves and reports
-    training = TrainingOutcome((time.time() - train_start) / 60, time_cap, clock, initial)
+    training = TrainingOutcome((time.time() - train_start) / 60, time_cap, clock, initial, resumed_from)
     report_training(recipe, training, progress)
     final = prune_and_evaluate(recipe, model, inputs, progress)
     saved = save_final_models(recipe, final, inputs.tokenizer, out_dir)
@@ -340,13 +342,15 @@ def set_up_model(recipe: Recipe, out_dir: Path, pairs, *, resume: bool, progress
 
 @dataclass
 class TrainingOutcome:
-    """What training leaves for the report: its minutes, the time cap, the clock (BLEU over training, FLOPs) and
-    the initial architecture the run started from."""
+    """What training leaves for the report: its minutes (of this process: a resumed run's count only the resumed
+    part, while the clock's optimizer-step time spans the whole run), the time cap, the clock (BLEU over training,
+    FLOPs), the initial architecture the run started from and the checkpoint step it resumed from."""
 
     minutes: float
     time_cap: TimeCapCallback
     clock: object
     initial: dict | None
+    resumed_from_step: int | None = None
 
 
 def report_training(recipe: Recipe, training: TrainingOutcome, progress: Callable[[str], None]) -> None:
@@ -370,7 +374,7 @@ def collect_results(recipe: Recipe, out_dir: Path, training: TrainingOutcome, fi
     final_parameters = sum(x.numel() for x in final["pruned"].parameters())
     return {
         "recipe": recipe.to_dict(), "train_minutes": training.minutes,
-        "total_minutes": (time.time() - started) / 60,
+        "total_minutes": (time.time() - started) / 60, "resumed_from_step": training.resumed_from_step,
         "train_step_minutes": clock.step_seconds / 60, "steps": int(time_cap.last_step or 0),
         "train_flops": clock.flops if clock.meter.counted else None, "max_flops": recipe.train.max_flops or None,
         "flop_budget_reached_at_step": clock.budget_reached_at_step, "flop_fits": clock.meter.fits,
