@@ -96,7 +96,8 @@ def summarize(name: str, results: dict) -> dict:
     return {"run": name, "heads": results["heads_kept"], "parameters": results.get("parameters_final"),
             "steps": results.get("steps"), "train_step_minutes": results.get("train_step_minutes"),
             "train_minutes": results.get("train_minutes"), "total_minutes": results.get("total_minutes"),
-            "resumed_from_step": results.get("resumed_from_step"), "bleu": final["bleu"], "chrf": final.get("chrf"), "num_beams": final.get("num_beams"),
+            "resumed_from_step": results.get("resumed_from_step"), "bleu": final["bleu"], "chrf": final.get("chrf"),
+            "num_beams": final.get("num_beams"),
             "decode_sentences_per_second": final.get("sentences_per_second"),
             "kept_per_kind": results.get("kept_per_kind"), "step_rate": results.get("step_rate") or []}
 

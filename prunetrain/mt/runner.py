@@ -173,6 +173,7 @@ def train(recipe: Recipe, model, inputs: RunInputs, out_dir: Path, callbacks: li
     """Train with `Seq2SeqTrainer` (resuming from the last complete checkpoint); returns the trained model and the
     step of the checkpoint it resumed from (None for a run trained in one go)."""
     from prunetrain.training.callbacks import last_complete_checkpoint, restore_layout
+    from prunetrain.training.state import checkpoint_step
 
     t = recipe.train
     distributed, loss = ranks.trainer_settings(t.label_smoothing)  # torchrun: train.batch_size is the global batch
@@ -191,7 +192,7 @@ def train(recipe: Recipe, model, inputs: RunInputs, out_dir: Path, callbacks: li
                              f"state and every callback's) to resume from.")
         restore_layout(model, checkpoint)
     trained = train_seq2seq(model, args, inputs.train_set, inputs.tokenizer, callbacks, checkpoint, loss).model
-    return trained, (None if checkpoint is None else int(Path(checkpoint).name.rsplit("-", 1)[1]))
+    return trained, (None if checkpoint is None else checkpoint_step(checkpoint))
 
 
 def original_heads(recipe: Recipe) -> int:
@@ -350,7 +351,7 @@ class TrainingOutcome:
     time_cap: TimeCapCallback
     clock: object
     initial: dict | None
-    resumed_from_step: int | None = None
+    resumed_from_step: int | None
 
 
 def report_training(recipe: Recipe, training: TrainingOutcome, progress: Callable[[str], None]) -> None:

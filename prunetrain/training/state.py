@@ -108,6 +108,12 @@ class RngState:
             torch.cuda.set_rng_state_all(cuda)
 
 
+def checkpoint_step(checkpoint: str | Path) -> int | None:
+    """The global step N of a Trainer's `checkpoint-N` directory (None for another name)."""
+    step = Path(checkpoint).name.removeprefix("checkpoint-")
+    return int(step) if step.isdigit() else None
+
+
 def last_complete_checkpoint(output_dir: str | Path, callbacks: Iterable | None = None) -> str | None:
     """The newest `checkpoint-N` in `output_dir` that holds the Trainer's state and prunetrain's (written last, in
     `on_save`), so a checkpoint cut short by a crash is skipped; None if there is none.
@@ -121,10 +127,10 @@ def last_complete_checkpoint(output_dir: str | Path, callbacks: Iterable | None 
     names = {c.name for c in callbacks or () if callable(getattr(c, "tensor_state", None))}
     candidates = []
     for path in Path(output_dir).glob("checkpoint-*"):
-        step = path.name.removeprefix("checkpoint-")
+        step = checkpoint_step(path)
         saved = {p.name.removeprefix("prunetrain-").removesuffix(".json") for p in path.glob("prunetrain-*.json")}
-        if step.isdigit() and saved and names <= saved and (path / "trainer_state.json").is_file():
-            candidates.append((int(step), path))
+        if step is not None and saved and names <= saved and (path / "trainer_state.json").is_file():
+            candidates.append((step, path))
     return str(max(candidates)[1]) if candidates else None
 
 

@@ -114,7 +114,7 @@ def save_checkpoint(out: Path, model, optimizer, args, state, handler, control, 
 
 
 def resume(checkpoint: str, model, optimizer, world: int) -> TrainerState:
-    saved = torch.load(Path(checkpoint) / "state.pt", weights_only=False)  # every rank reads the full state
+    saved = torch.load(Path(checkpoint) / "state.pt", weights_only=True)  # every rank reads the full state (tensors only)
     if world > 1:
         set_state_dict(model, optimizer, model_state_dict=saved["model"], optim_state_dict=saved["optimizer"],
                        options=StateDictOptions(full_state_dict=True))
