@@ -8,7 +8,8 @@ Head engine:
 Michel et al. (2019):  head_importance, HeadScores, select_heads, iterative_prune, pruning_curve (Ranking,
                        HeadScope)
 Voita et al. (2019):   HardConcreteGates
-Trainer callbacks:     HeadPruningCallback, PruningCurveCallback, HardConcreteCallback, MetricPointsCallback; their
+Trainer callbacks:     HeadPruningCallback, PruningCurveCallback, HardConcreteCallback, MetricPointsCallback,
+                       FlopCooldownCallback; their
                        options: Schedule (when), Heads (which), Importance (how), Output (where), CurveSweep,
                        GateTraining
 """
@@ -40,6 +41,7 @@ _LAZY = {
     "HardConcreteCallback": "prunetrain.training.hard_concrete", "restore_layout": "prunetrain.training.state",
     "last_complete_checkpoint": "prunetrain.training.state",
     "MetricPointsCallback": "prunetrain.training.metric_points",
+    "FlopCooldownCallback": "prunetrain.training.cooldown",
     "Schedule": "prunetrain.training.options", "Heads": "prunetrain.training.options",
     "Importance": "prunetrain.training.options", "Output": "prunetrain.training.options",
     "CurveSweep": "prunetrain.training.options", "GateTraining": "prunetrain.training.options",

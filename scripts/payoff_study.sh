@@ -22,6 +22,8 @@
 #   per-kind             the gradual schedule with Voita's order: 6 encoder-self, 12 decoder-self, 18 cross heads kept
 # SCRATCH_FROM (default gradual) names the arm whose final architecture the scratch arm trains; another arm than
 # gradual is kept as scratch-of-ARM-sSEED (SCRATCH_FROM=small-steps: the default's architecture from scratch).
+# COOLDOWN=SHARE adds the learning-rate cooldown over the last SHARE of the FLOP budget (`train.cooldown`) to the arm;
+# the run is kept as ARM-cooldown-sSEED, and with SCRATCH_FROM the architecture comes from SCRATCH_FROM-cooldown-sSEED.
 # RESUME=1 continues an interrupted run of the arm (`prunetrain recipe --resume`; its minutes then count only the
 # resumed part).
 set -euo pipefail
@@ -34,8 +36,8 @@ case "$arm" in
   small-steps) sets=() ;;
   gradual) sets=("${gradual[@]}") ;;
   off) sets=("${off[@]}") ;;
-  scratch) sets=("${off[@]}" --set
-                 "pruning.init_layout=recipes/results/wmt-small-deen-study/${SCRATCH_FROM:-gradual}-s$seed/layout.json") ;;
+  scratch) sets=("${off[@]}" --set "pruning.init_layout=recipes/results/wmt-small-deen-study/${SCRATCH_FROM:-gradual}$(
+                   [ -n "${COOLDOWN:-}" ] && echo -cooldown)-s$seed/layout.json") ;;
   random-init) sets=("${off[@]}" --set pruning.init_heads=36) ;;
   prune-then-finetune) sets=(--set 'pruning.schedule_steps={1200: 0.75}' --set 'pruning.shrink_steps=[1200]') ;;
   l0) sets=(--set pruning.method=l0) ;;
@@ -49,6 +51,7 @@ case "$arm" in
 esac
 name=$arm
 [ "$arm" = scratch ] && [ "${SCRATCH_FROM:-gradual}" != gradual ] && name="scratch-of-$SCRATCH_FROM"
+[ -n "${COOLDOWN:-}" ] && { sets+=(--set "train.cooldown=$COOLDOWN"); name="$name-cooldown"; }
 out="checkpoints/study/$name-s$seed"
 resume=(); [ "${RESUME:-0}" = 1 ] && resume=(--resume)
 .venv/bin/prunetrain recipe wmt-small-deen --set "train.seed=$seed" "${sets[@]}" --output "$out" "${resume[@]}"

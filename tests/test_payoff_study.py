@@ -44,6 +44,11 @@ def test_recipe_settings_of_the_study_are_validated():
         (["train.max_flops=0", "eval.test_flops=[0.5]"], r"^eval.test_flops: \[0.5\] are shares of train.max_flops, which is 0"),
         (["train.max_flops=1000.0", "eval.test_flops=[0.5, 1.0]"], r"^eval.test_flops: 1.0 is not allowed"),
         (["train.max_flops=1000.0", "eval.test_flops=[0.5, 0.2]"], r"^eval.test_flops: \[0.5, 0.2\] is out of order"),
+        (["train.max_flops=0", "eval.test_flops=[]", "train.cooldown=0.2"],
+         r"^train.cooldown: 0.2 is a share of train.max_flops, which is 0; set a FLOP budget"),
+        (["train.cooldown=1.5"], r"^train.cooldown: 1.5 is not allowed; expected a finite number in \[0, 1\]\.$"),
+        (["train.cooldown=0.2", "train.scheduler=reduce_lr_on_plateau"],
+         r"^train.scheduler: 'reduce_lr_on_plateau' is not allowed with train.cooldown"),
     ]
     for overrides, pattern in bad:
         with pytest.raises(ValueError, match=pattern):

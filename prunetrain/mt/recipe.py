@@ -54,6 +54,9 @@ def _check_counts(key: str, values, minimum: int = 1) -> None:
         check_int(key, value, minimum)
 
 
+NOT_LAMBDA_SCHEDULERS = ("reduce_lr_on_plateau", "greedy")  # the transformers schedules that are not a LambdaLR
+
+
 def _check_scheduler(key: str, value: str) -> None:
     from transformers.trainer_utils import SchedulerType
 
@@ -124,6 +127,8 @@ class TrainConfig:
     max_flops: float = 0.0  # > 0: the run ends after the step at which its training FLOPs (matmul, forward +
     # backward, counted from every batch's shape and the model as it is) reach this budget: equal compute on any
     # machine. With max_steps also set, whichever comes first.
+    cooldown: float = 0.0  # > 0: the learning rate decays linearly to zero over this last share of the FLOP
+    # budget (0.2: the last 20 % of train.max_flops), whatever the step count (prunetrain.training.cooldown)
     max_minutes: float = 0.0  # a guard only: stop gracefully after this long (0: no cap); reported when it fires
     logging_steps: int = 50
     save_total_limit: int = 2
@@ -138,6 +143,7 @@ class TrainConfig:
         _check_number("train.max_grad_norm", self.max_grad_norm, 0.0)
         _check_number("train.max_minutes", self.max_minutes, 0.0)
         _check_number("train.max_flops", self.max_flops, 0.0)
+        _check_number("train.cooldown", self.cooldown, 0.0, 1.0)
         check_choice("train.precision", self.precision, PRECISIONS)
         _check_scheduler("train.scheduler", self.scheduler)
 
@@ -278,6 +284,13 @@ class Recipe:
         if p.method == "l0" and self.train.max_steps and p.l0_start_step >= self.train.max_steps:
             raise ValueError(f"pruning.l0_start_step: {p.l0_start_step} is not before the last training step "
                              f"(train.max_steps={self.train.max_steps}); the gates would never train.")
+        if self.train.cooldown and not self.train.max_flops:
+            raise ValueError(f"train.cooldown: {self.train.cooldown!r} is a share of train.max_flops, which is 0; set "
+                             f"a FLOP budget (train.max_flops) or leave the cooldown at 0.")
+        if self.train.cooldown and self.train.scheduler in NOT_LAMBDA_SCHEDULERS:
+            raise ValueError(f"train.scheduler: {self.train.scheduler!r} is not allowed with train.cooldown; the "
+                             f"cooldown scales a schedule that computes each rate from its base rate (any other "
+                             f"transformers lr_scheduler_type).")
         if self.eval.test_flops and not self.train.max_flops:
             raise ValueError(f"eval.test_flops: {self.eval.test_flops!r} are shares of train.max_flops, which is 0; "
                              f"set a FLOP budget (train.max_flops) or use eval.test_steps.")

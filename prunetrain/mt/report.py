@@ -153,7 +153,10 @@ def _planned_length(train: dict) -> str:
     """How long the run was planned: a FLOP budget, a number of steps, or epochs."""
     parts = [f"{train['max_flops']:.4g} training FLOPs"] if train.get("max_flops") else []
     parts += [f"{train['max_steps']} optimizer steps"] if train.get("max_steps") else []
-    return " or ".join(parts) or f"{train['epochs']} epochs"
+    planned = " or ".join(parts) or f"{train['epochs']} epochs"
+    if train.get("cooldown"):
+        planned += f" (the learning rate decays to zero over the last {100 * train['cooldown']:g} % of the FLOPs)"
+    return planned
 
 
 def _final_table(results: dict) -> list[str]:

@@ -128,6 +128,7 @@ def make_callbacks(recipe: Recipe, inputs: RunInputs) -> tuple[list, TimeCapCall
     the time cap (a guard). Returns (callbacks, time cap, clock)."""
     from prunetrain.mt.metrics import bleu_metric
     from prunetrain.training.callbacks import HardConcreteCallback, HeadPruningCallback, PruningCurveCallback
+    from prunetrain.training.cooldown import FlopCooldownCallback
     from prunetrain.training.metric_points import MetricPointsCallback
     from prunetrain.training.options import CurveSweep, GateTraining, Heads, Importance, Schedule
 
@@ -165,6 +166,8 @@ def make_callbacks(recipe: Recipe, inputs: RunInputs) -> tuple[list, TimeCapCall
         callbacks.append(PruningCurveCallback(Schedule(at_epochs=curve_epochs, at_steps=p.curve_steps),
                                               metric=metric, metric_key="bleu", sweep=sweep, heads=heads,
                                               importance=importance))
+    if t.cooldown:  # after the clock (step t counted) and the pruning (a shrink keeps the groups' rates)
+        callbacks.append(FlopCooldownCallback(clock, t.cooldown))
     time_cap = TimeCapCallback(t.max_minutes, watch=[c for c in callbacks if hasattr(c, "expect_end")])
     return callbacks + [time_cap], time_cap, clock
 
