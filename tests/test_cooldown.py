@@ -5,24 +5,13 @@ from __future__ import annotations
 
 import pytest
 import torch
-from transformers import MarianMTModel, Seq2SeqTrainer, Seq2SeqTrainingArguments, TrainerCallback
+from test_training_flops import _marian, _pruning, tiny_mt  # noqa: F401 (tiny_mt: the fixture)
+from transformers import Seq2SeqTrainer, Seq2SeqTrainingArguments, TrainerCallback
 
-from prunetrain.mt.data import build_dataset, make_collator, marian_config, read_parallel, train_tokenizer
-from prunetrain.training.callbacks import HeadPruningCallback, restore_layout
+from prunetrain.mt.data import build_dataset, make_collator
+from prunetrain.training.callbacks import restore_layout
 from prunetrain.training.cooldown import FlopCooldownCallback, cooldown_factor
 from prunetrain.training.metric_points import MetricPointsCallback
-
-
-@pytest.fixture(scope="module")
-def tiny_mt(multi30k_dir):
-    pairs = read_parallel(multi30k_dir, "train", limit=256)
-    return pairs, train_tokenizer(pairs, vocab_size=300)
-
-
-def _marian(tokenizer):
-    torch.manual_seed(0)
-    return MarianMTModel(marian_config(tokenizer, d_model=32, ffn_dim=64, layers=2, heads=4, dropout=0.1,
-                                       attn_implementation="eager"))
 
 
 def _trainer(output_dir, tiny_mt, model, callbacks, optimizers=(None, None), **settings):
@@ -34,12 +23,6 @@ def _trainer(output_dir, tiny_mt, model, callbacks, optimizers=(None, None), **s
     return Seq2SeqTrainer(model=model, args=args, train_dataset=build_dataset(pairs, tokenizer, max_length=24),
                           data_collator=make_collator(tokenizer, model), processing_class=tokenizer,
                           callbacks=callbacks, optimizers=optimizers)
-
-
-def _pruning():
-    """Masks at steps 3 and 6, the masked heads removed at step 6 (random scores: no forward passes of their own)."""
-    return HeadPruningCallback(at_epochs=[], prune_steps={3: 0.25, 6: 0.5}, shrink_steps=[6], scorer="random",
-                               record_end=False)
 
 
 class _Rates(TrainerCallback):
