@@ -30,14 +30,15 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 arm=${1:?usage: payoff_study.sh ARM SEED}
 seed=${2:?usage: payoff_study.sh ARM SEED}
+suffix=${COOLDOWN:+-cooldown}  # a cooldown run (and the run its scratch arm takes the architecture from)
 off=(--set 'pruning.schedule_steps={}' --set 'pruning.shrink_steps=[]')
 gradual=(--set 'pruning.schedule_steps={400: 0.25, 600: 0.5, 800: 0.625, 1000: 0.75}' --set 'pruning.shrink_steps=[600, 1000]')
 case "$arm" in
   small-steps) sets=() ;;
   gradual) sets=("${gradual[@]}") ;;
   off) sets=("${off[@]}") ;;
-  scratch) sets=("${off[@]}" --set "pruning.init_layout=recipes/results/wmt-small-deen-study/${SCRATCH_FROM:-gradual}$(
-                   [ -n "${COOLDOWN:-}" ] && echo -cooldown)-s$seed/layout.json") ;;
+  scratch) sets=("${off[@]}" --set
+                 "pruning.init_layout=recipes/results/wmt-small-deen-study/${SCRATCH_FROM:-gradual}$suffix-s$seed/layout.json") ;;
   random-init) sets=("${off[@]}" --set pruning.init_heads=36) ;;
   prune-then-finetune) sets=(--set 'pruning.schedule_steps={1200: 0.75}' --set 'pruning.shrink_steps=[1200]') ;;
   l0) sets=(--set pruning.method=l0) ;;
@@ -51,7 +52,7 @@ case "$arm" in
 esac
 name=$arm
 [ "$arm" = scratch ] && [ "${SCRATCH_FROM:-gradual}" != gradual ] && name="scratch-of-$SCRATCH_FROM"
-[ -n "${COOLDOWN:-}" ] && { sets+=(--set "train.cooldown=$COOLDOWN"); name="$name-cooldown"; }
+[ -n "${COOLDOWN:-}" ] && { sets+=(--set "train.cooldown=$COOLDOWN"); name="$name$suffix"; }
 out="checkpoints/study/$name-s$seed"
 resume=(); [ "${RESUME:-0}" = 1 ] && resume=(--resume)
 .venv/bin/prunetrain recipe wmt-small-deen --set "train.seed=$seed" "${sets[@]}" --output "$out" "${resume[@]}"

@@ -6,23 +6,18 @@ from __future__ import annotations
 import pytest
 import torch
 from test_training_flops import _marian, _pruning, tiny_mt  # noqa: F401 (tiny_mt: the fixture)
-from transformers import Seq2SeqTrainer, Seq2SeqTrainingArguments, TrainerCallback
+from test_training_flops import _trainer as _flops_trainer
+from transformers import TrainerCallback
 
-from prunetrain.mt.data import build_dataset, make_collator
 from prunetrain.training.callbacks import restore_layout
 from prunetrain.training.cooldown import FlopCooldownCallback, cooldown_factor
 from prunetrain.training.metric_points import MetricPointsCallback
 
 
-def _trainer(output_dir, tiny_mt, model, callbacks, optimizers=(None, None), **settings):
-    pairs, tokenizer = tiny_mt
-    args = Seq2SeqTrainingArguments(**{
-        "output_dir": str(output_dir), "num_train_epochs": 2, "per_device_train_batch_size": 16,
-        "learning_rate": 2e-3, "warmup_steps": 3, "lr_scheduler_type": "inverse_sqrt", "save_strategy": "no",
-        "report_to": [], "use_cpu": True, "logging_steps": 1, "seed": 0, "disable_tqdm": True, **settings})
-    return Seq2SeqTrainer(model=model, args=args, train_dataset=build_dataset(pairs, tokenizer, max_length=24),
-                          data_collator=make_collator(tokenizer, model), processing_class=tokenizer,
-                          callbacks=callbacks, optimizers=optimizers)
+def _trainer(output_dir, tiny_mt, model, callbacks, **settings):
+    """test_training_flops' trainer with an inverse-sqrt schedule and the rate logged at every step."""
+    return _flops_trainer(output_dir, tiny_mt, model, callbacks, **{
+        "warmup_steps": 3, "lr_scheduler_type": "inverse_sqrt", "logging_steps": 1, **settings})
 
 
 class _Rates(TrainerCallback):

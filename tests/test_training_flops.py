@@ -109,14 +109,17 @@ def test_step_flops_refuse_a_model_whose_flops_depend_on_the_data():
         batch_shape(_DataDependent(), {"pixel_values": torch.zeros(1, 3, 4, 4)})
 
 
-def _trainer(tmp_path, tiny_mt, model, callbacks, *, accumulation=1, epochs=2):
+def _trainer(tmp_path, tiny_mt, model, callbacks, *, accumulation=1, epochs=2, optimizers=(None, None),
+             **settings):
+    """A Seq2SeqTrainer on the tiny corpus; `settings` override its TrainingArguments."""
     pairs, tokenizer = tiny_mt
-    args = Seq2SeqTrainingArguments(output_dir=str(tmp_path), num_train_epochs=epochs, per_device_train_batch_size=16,
-                                    gradient_accumulation_steps=accumulation, learning_rate=2e-3, save_strategy="no",
-                                    report_to=[], use_cpu=True, logging_steps=100, seed=0, disable_tqdm=True)
+    args = Seq2SeqTrainingArguments(**{
+        "output_dir": str(tmp_path), "num_train_epochs": epochs, "per_device_train_batch_size": 16,
+        "gradient_accumulation_steps": accumulation, "learning_rate": 2e-3, "save_strategy": "no", "report_to": [],
+        "use_cpu": True, "logging_steps": 100, "seed": 0, "disable_tqdm": True, **settings})
     return Seq2SeqTrainer(model=model, args=args, train_dataset=build_dataset(pairs, tokenizer, max_length=24),
                           data_collator=make_collator(tokenizer, model), processing_class=tokenizer,
-                          callbacks=callbacks)
+                          callbacks=callbacks, optimizers=optimizers)
 
 
 def _pruning():

@@ -54,9 +54,6 @@ def _check_counts(key: str, values, minimum: int = 1) -> None:
         check_int(key, value, minimum)
 
 
-NOT_LAMBDA_SCHEDULERS = ("reduce_lr_on_plateau", "greedy")  # the transformers schedules that are not a LambdaLR
-
-
 def _check_scheduler(key: str, value: str) -> None:
     from transformers.trainer_utils import SchedulerType
 
@@ -287,6 +284,8 @@ class Recipe:
         if self.train.cooldown and not self.train.max_flops:
             raise ValueError(f"train.cooldown: {self.train.cooldown!r} is a share of train.max_flops, which is 0; set "
                              f"a FLOP budget (train.max_flops) or leave the cooldown at 0.")
+        from prunetrain.training.cooldown import NOT_LAMBDA_SCHEDULERS
+
         if self.train.cooldown and self.train.scheduler in NOT_LAMBDA_SCHEDULERS:
             raise ValueError(f"train.scheduler: {self.train.scheduler!r} is not allowed with train.cooldown; the "
                              f"cooldown scales a schedule that computes each rate from its base rate (any other "

@@ -127,8 +127,8 @@ def make_callbacks(recipe: Recipe, inputs: RunInputs) -> tuple[list, TimeCapCall
     scheduled pruning, or Hard-Concrete gates with `pruning.method: l0`) and pruned-BLEU curves at their points, and
     the time cap (a guard). Returns (callbacks, time cap, clock)."""
     from prunetrain.mt.metrics import bleu_metric
-    from prunetrain.training.callbacks import HardConcreteCallback, HeadPruningCallback, PruningCurveCallback
-    from prunetrain.training.cooldown import FlopCooldownCallback
+    from prunetrain.training.callbacks import FlopCooldownCallback, HardConcreteCallback, HeadPruningCallback, \
+        PruningCurveCallback
     from prunetrain.training.metric_points import MetricPointsCallback
     from prunetrain.training.options import CurveSweep, GateTraining, Heads, Importance, Schedule
 

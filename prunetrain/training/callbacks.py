@@ -21,5 +21,5 @@ from prunetrain.training.pruning_curve import PruningCurveCallback
 from prunetrain.training.state import last_complete_checkpoint, restore_layout
 from prunetrain.training.time_cap import TimeCapCallback
 
-__all__ = ["FlopCooldownCallback", "HardConcreteCallback", "HeadPruningCallback", "MetricPointsCallback", "PruningCurveCallback",
-           "PrunetrainCallback", "TimeCapCallback", "last_complete_checkpoint", "restore_layout"]
+__all__ = ["FlopCooldownCallback", "HardConcreteCallback", "HeadPruningCallback", "MetricPointsCallback",
+           "PruningCurveCallback", "PrunetrainCallback", "TimeCapCallback", "last_complete_checkpoint", "restore_layout"]

@@ -26,7 +26,9 @@ from transformers import TrainerCallback
 
 from prunetrain.utils.validate import check_positive_float
 
-__all__ = ["FlopCooldownCallback", "cooldown_factor"]
+__all__ = ["FlopCooldownCallback", "NOT_LAMBDA_SCHEDULERS", "cooldown_factor"]
+
+NOT_LAMBDA_SCHEDULERS = ("reduce_lr_on_plateau", "greedy")  # the transformers schedules that are not a LambdaLR
 
 
 def cooldown_factor(flops: float, budget: float, share: float) -> float:
@@ -52,20 +54,19 @@ class FlopCooldownCallback(TrainerCallback):
             raise ValueError(f"share: {share!r} is not allowed; expected the part of the FLOP budget the cooldown "
                              f"spans, 0 < share <= 1.")
         self.clock, self.share = clock, float(share)
-        self.factor = 1.0  # the factor of the rate the next step trains with
 
     def on_train_begin(self, args, state, control, lr_scheduler=None, **kwargs):
         if not isinstance(lr_scheduler, LambdaLR):
             raise ValueError(f"lr_scheduler: {type(lr_scheduler).__name__} is not allowed with a FLOP cooldown; "
                              f"expected a LambdaLR schedule (every transformers lr_scheduler_type but "
-                             f"reduce_lr_on_plateau and greedy), which computes each rate from its base rates.")
+                             f"{' and '.join(NOT_LAMBDA_SCHEDULERS)}), which computes each rate from its base rates.")
 
     def on_step_end(self, args, state, control, optimizer=None, lr_scheduler=None, **kwargs):
-        self.factor = cooldown_factor(self.clock.flops, self.clock.max_flops, self.share)
-        if self.factor == 1.0:
+        factor = cooldown_factor(self.clock.flops, self.clock.max_flops, self.share)
+        if factor == 1.0:
             return control
         groups = optimizer.param_groups
         for group, rate in zip(groups, lr_scheduler.get_last_lr()):  # η_s(t + 1), set by the scheduler's step
-            group["lr"] = rate * self.factor
+            group["lr"] = rate * factor
         lr_scheduler._last_lr = [g["lr"] for g in groups]  # reported (and logged by the Trainer) as applied
         return control
