@@ -1,13 +1,20 @@
 """What the hostile-input tests share: the command line run in this process, the one-line-error assertion, a
-snapshot of a directory tree, and a tiny saved Marian translation model with its tokenizer."""
+snapshot of a directory tree, a tiny saved Marian translation model with its tokenizer, and child processes stopped
+by a signal at a random moment."""
 
 from __future__ import annotations
 
+import random
 import re
+import signal
+import subprocess
 import sys
+import time
 from pathlib import Path
 
 import torch
+
+REPO = Path(__file__).resolve().parents[1]
 
 
 def run_main(monkeypatch, capsys, *args, stdin: bytes | None = None, env: dict | None = None):
@@ -68,3 +75,40 @@ def write_small_data(out: Path, multi30k_dir: Path, pairs: int = 8) -> Path:
         write_lines(out / f"{split}.de", [s for s, _ in chosen])
         write_lines(out / f"{split}.en", [t for _, t in chosen])
     return out
+
+
+# Loads prunetrain.utils.signals and output_paths from the checkout without importing prunetrain (and torch), so
+# that a child is ready in a fraction of a second.
+LOAD_MODULES = """
+import importlib.util, sys
+def _load(name, path):
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec); sys.modules[name] = module; spec.loader.exec_module(module)
+    return module
+signals = _load("prunetrain.utils.signals", sys.argv[1] + "/prunetrain/utils/signals.py")
+op = _load("prunetrain.utils.output_paths", sys.argv[1] + "/prunetrain/utils/output_paths.py")
+"""
+
+
+def stop_at_random(script: str, args: list, rng: random.Random, max_delay: float) -> int:
+    """Run `python -c SCRIPT REPO ARGS...`, wait for its "ready", send SIGTERM or SIGINT after a random delay and
+    return its exit status (killed if it has not ended within 60 s: the signal was lost)."""
+    child = subprocess.Popen([sys.executable, "-c", script, str(REPO), *map(str, args)], stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, text=True)
+    try:
+        assert child.stdout.readline().strip() == "ready", child.stderr.read()
+        time.sleep(rng.uniform(0.0, max_delay))
+        sig = rng.choice([signal.SIGTERM, signal.SIGINT])
+        child.send_signal(sig)
+        try:
+            return child.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            child.kill()
+            raise AssertionError(f"{signal.Signals(sig).name} was lost: the child still ran 60 s later "
+                                 f"(stderr: {child.communicate()[1][-2000:]!r})") from None
+    finally:
+        if child.poll() is None:
+            child.kill()
+            child.wait()
+        child.stdout.close()
+        child.stderr.close()

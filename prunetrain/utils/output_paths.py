@@ -13,7 +13,8 @@ Three rules, each refusal one sentence naming the flag:
    destination (`staging_directory`); once it is complete the old directory is renamed aside, the new one renamed
    into place, and the old one removed (`replace_directory`), with SIGINT and SIGTERM held back during those steps.
    A signal at any other moment leaves the old directory whole and removes the staging directory: while one exists,
-   SIGTERM raises `Terminated` (as SIGINT raises `KeyboardInterrupt`), so cleanup runs for both.
+   SIGTERM raises `Terminated` (as SIGINT raises `KeyboardInterrupt`), so cleanup runs for both. How signals are
+   held and raised without being lost, also in a process with worker threads: prunetrain.utils.signals.
 
 Only a SIGKILL (or a power cut) can leave a hidden `.NAME.staging-*` / `.NAME.replaced-*` directory behind; the
 destination itself is then still either the old directory, whole, or the new one, whole. The functions hold no
@@ -26,11 +27,11 @@ import contextlib
 import os
 import re
 import shutil
-import signal
 import tempfile
-import threading
 from pathlib import Path
 from typing import Iterator, Mapping
+
+from prunetrain.utils.signals import Terminated, signals_held, signals_raise
 
 RUN_MARKER = "recipe.yaml"  # prunetrain.mt.run_dir.RUN_MARKER: the first file a recipe run writes
 MODEL_FILE_NAMES = frozenset({
@@ -40,14 +41,6 @@ MODEL_FILE_NAMES = frozenset({
 })
 MODEL_FILE_PATTERN = re.compile(r"^(model(-\d+-of-\d+)?\.safetensors|[\w.-]+\.(onnx|onnx_data|gguf)|[\w-]+\.model)$")
 """Entries a saved model directory may hold (HF `save_pretrained`, `save_pruned`, tokenizers, ONNX exports)."""
-
-
-class Terminated(SystemExit):
-    """SIGTERM arrived while prunetrain held a staging directory: raised so that cleanup runs as for SIGINT (exit
-    status 128 + SIGTERM, as a process killed by SIGTERM reports in a shell)."""
-
-    def __init__(self):
-        super().__init__(128 + signal.SIGTERM)
 
 
 # -------------------------------------------------------------------------------------------------------------------
@@ -161,50 +154,6 @@ def check_output_file(output: str | os.PathLike, *, flag: str = "--output",
 # -------------------------------------------------------------------------------------------------------------------
 # rule 3: crash-safe replacement
 # -------------------------------------------------------------------------------------------------------------------
-_depth = 0
-_previous: dict[int, object] = {}
-_fired = {"term": False}
-
-
-def _raise_terminated(signum, frame):
-    if not _fired["term"]:  # once: a second SIGTERM must not interrupt the cleanup the first one started
-        _fired["term"] = True
-        raise Terminated()
-
-
-@contextlib.contextmanager
-def signals_raise() -> Iterator[None]:
-    """While inside: SIGTERM raises `Terminated` (only where its action was the default, in the main thread), so
-    `finally` blocks run for SIGTERM as they do for SIGINT. Re-entrant."""
-    global _depth
-    main = threading.current_thread() is threading.main_thread()
-    if main and _depth == 0:
-        _fired["term"] = False
-        current = signal.getsignal(signal.SIGTERM)
-        if current in (signal.SIG_DFL, None):
-            _previous[signal.SIGTERM] = current
-            signal.signal(signal.SIGTERM, _raise_terminated)
-    _depth += 1 if main else 0
-    try:
-        yield
-    finally:
-        _depth -= 1 if main else 0
-        if main and _depth == 0 and signal.SIGTERM in _previous:
-            signal.signal(signal.SIGTERM, _previous.pop(signal.SIGTERM))
-
-
-@contextlib.contextmanager
-def signals_held() -> Iterator[None]:
-    """SIGINT and SIGTERM are held back while inside (delivered on exit), so the steps inside run to the end."""
-    blocking = hasattr(signal, "pthread_sigmask")
-    old = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM}) if blocking else None
-    try:
-        yield
-    finally:
-        if blocking:
-            signal.pthread_sigmask(signal.SIG_SETMASK, old)
-
-
 def _umask() -> int:
     mask = os.umask(0o022)
     os.umask(mask)
