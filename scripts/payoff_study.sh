@@ -8,7 +8,7 @@
 # test_translations.json, the final layout) is copied to recipes/results/wmt-small-deen-study/ARM-sSEED when the
 # run is complete. Run one at a time on a quiet machine (timings are recorded).
 # Arms:
-#   small-steps          the main recipe as it is, the default since the study chose it: 12.5 % of the heads masked
+#   small-steps          the main recipe's schedule, the default since the study chose it: 12.5 % of the heads masked
 #                        every 100 steps from step 300 to 800, shrinks at 400/600/800, 36 of 144 heads
 #   gradual              the previous default: 25/50/62.5/75 % masked at steps 400/600/800/1000, shrinks at 600/1000
 #   off                  pruning off: the full model
@@ -22,15 +22,18 @@
 #   per-kind             the gradual schedule with Voita's order: 6 encoder-self, 12 decoder-self, 18 cross heads kept
 # SCRATCH_FROM (default gradual) names the arm whose final architecture the scratch arm trains; another arm than
 # gradual is kept as scratch-of-ARM-sSEED (SCRATCH_FROM=small-steps: the default's architecture from scratch).
-# COOLDOWN=SHARE adds the learning-rate cooldown over the last SHARE of the FLOP budget (`train.cooldown`) to the arm;
-# the run is kept as ARM-cooldown-sSEED, and with SCRATCH_FROM the architecture comes from SCRATCH_FROM-cooldown-sSEED.
+# COOLDOWN=SHARE runs the arm with the learning-rate cooldown over the last SHARE of the FLOP budget (`train.cooldown`;
+# the recipe's default since 2026-11-25 is 0.2, so `COOLDOWN=0.2 ... small-steps` is the main recipe as it is); the run
+# is kept as ARM-cooldown-sSEED, and with SCRATCH_FROM the architecture comes from SCRATCH_FROM-cooldown-sSEED. Without
+# COOLDOWN the arm runs with train.cooldown=0, as every arm before the cooldown existed (ARM-sSEED).
 # RESUME=1 continues an interrupted run of the arm (`prunetrain recipe --resume`; its minutes then count only the
 # resumed part).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 arm=${1:?usage: payoff_study.sh ARM SEED}
 seed=${2:?usage: payoff_study.sh ARM SEED}
-suffix=${COOLDOWN:+-cooldown}  # a cooldown run (and the run its scratch arm takes the architecture from)
+cooldown=${COOLDOWN:-0}
+suffix=; [ "$cooldown" != 0 ] && suffix=-cooldown  # a cooldown run (and the run its scratch arm's architecture is from)
 off=(--set 'pruning.schedule_steps={}' --set 'pruning.shrink_steps=[]')
 gradual=(--set 'pruning.schedule_steps={400: 0.25, 600: 0.5, 800: 0.625, 1000: 0.75}' --set 'pruning.shrink_steps=[600, 1000]')
 case "$arm" in
@@ -52,7 +55,7 @@ case "$arm" in
 esac
 name=$arm
 [ "$arm" = scratch ] && [ "${SCRATCH_FROM:-gradual}" != gradual ] && name="scratch-of-$SCRATCH_FROM"
-[ -n "${COOLDOWN:-}" ] && { sets+=(--set "train.cooldown=$COOLDOWN"); name="$name$suffix"; }
+sets+=(--set "train.cooldown=$cooldown"); name="$name$suffix"
 out="checkpoints/study/$name-s$seed"
 resume=(); [ "${RESUME:-0}" = 1 ] && resume=(--resume)
 .venv/bin/prunetrain recipe wmt-small-deen --set "train.seed=$seed" "${sets[@]}" --output "$out" "${resume[@]}"

@@ -41,7 +41,7 @@ def test_recipe_settings_of_the_study_are_validated():
         (["pruning.kept_per_kind={encoder: 6}"], r"^pruning.kept_per_kind: 'encoder' is not one of"),
         (["pruning.init_layout=x", "pruning.init_heads=36"], r"^pruning.init_heads: set either"),
         (["train.max_flops=-1.0"], r"^train.max_flops: -1.0 is not allowed"),
-        (["train.max_flops=0", "eval.test_flops=[0.5]"], r"^eval.test_flops: \[0.5\] are shares of train.max_flops, which is 0"),
+        (["train.max_flops=0", "train.cooldown=0", "eval.test_flops=[0.5]"], r"^eval.test_flops: \[0.5\] are shares of train.max_flops, which is 0"),
         (["train.max_flops=1000.0", "eval.test_flops=[0.5, 1.0]"], r"^eval.test_flops: 1.0 is not allowed"),
         (["train.max_flops=1000.0", "eval.test_flops=[0.5, 0.2]"], r"^eval.test_flops: \[0.5, 0.2\] is out of order"),
         (["train.max_flops=0", "eval.test_flops=[]", "train.cooldown=0.2"],
