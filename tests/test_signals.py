@@ -104,3 +104,14 @@ def test_sigint_inside_held_steps_acts_when_they_end_and_everything_is_put_back(
     assert ran == ["after the signal"]
     assert signal.pthread_sigmask(signal.SIG_BLOCK, ()).isdisjoint(signals.HELD)
     assert {signum: signal.getsignal(signum) for signum in signals.HELD} == before
+
+
+def test_a_cleanup_runs_before_the_signal_acts_wherever_it_lands():
+    """`cleanup_on_signal`: the cleanup runs before the KeyboardInterrupt is raised, so a signal landing between the
+    end of a body and its `finally` cannot skip it; outside the block it is not run."""
+    ran = []
+    with pytest.raises(KeyboardInterrupt):
+        with signals.signals_raise(), signals.cleanup_on_signal(lambda: ran.append("cleaned")):
+            signal.pthread_kill(threading.main_thread().ident, signal.SIGINT)
+            time.sleep(0.1)  # the handler runs here
+    assert ran == ["cleaned"] and signals._cleanups == []

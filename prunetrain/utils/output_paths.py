@@ -31,7 +31,7 @@ import tempfile
 from pathlib import Path
 from typing import Iterator, Mapping
 
-from prunetrain.utils.signals import Terminated, signals_held, signals_raise
+from prunetrain.utils.signals import Terminated, cleanup_on_signal, signals_held, signals_raise
 
 RUN_MARKER = "recipe.yaml"  # prunetrain.mt.run_dir.RUN_MARKER: the first file a recipe run writes
 MODEL_FILE_NAMES = frozenset({
@@ -171,17 +171,21 @@ def staging_directory(destination: str | os.PathLike) -> Iterator[Path]:
     """
     destination = _real(destination)
     destination.parent.mkdir(parents=True, exist_ok=True)
-    with signals_raise():
-        staging = None
+    made: list[Path] = []
+
+    def remove() -> None:
+        for path in made:
+            shutil.rmtree(path, ignore_errors=True)
+
+    with signals_raise(), cleanup_on_signal(remove):  # removed also at a signal landing just before `finally`
         try:
             with signals_held():
-                staging = Path(tempfile.mkdtemp(prefix=f".{destination.name}.staging-", dir=destination.parent))
-                staging.chmod(0o777 & ~_umask())  # mkdtemp makes it private; the result gets the usual permissions
-            yield staging
+                made.append(Path(tempfile.mkdtemp(prefix=f".{destination.name}.staging-", dir=destination.parent)))
+                made[0].chmod(0o777 & ~_umask())  # mkdtemp makes it private; the result gets the usual permissions
+            yield made[0]
         finally:
             with signals_held():
-                if staging is not None and staging.exists():
-                    shutil.rmtree(staging, ignore_errors=True)
+                remove()
 
 
 def replace_directory(new: str | os.PathLike, destination: str | os.PathLike) -> Path:
@@ -224,19 +228,25 @@ def write_file(path: str | os.PathLike, data: str | bytes, encoding: str = "utf-
     file is removed at any error, SIGINT or SIGTERM)."""
     path = Path(path)
     payload = data.encode(encoding) if isinstance(data, str) else data
-    with signals_raise():
-        tmp = None
+    made: list[str] = []
+
+    def remove() -> None:
+        for tmp in made:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(tmp)
+
+    with signals_raise(), cleanup_on_signal(remove):  # removed also at a signal landing just before `finally`
         try:
             with signals_held():
                 handle, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+                made.append(tmp)
             with os.fdopen(handle, "wb") as out:
                 out.write(payload)
             with signals_held():
                 os.replace(tmp, path)
         finally:
             with signals_held():
-                if tmp is not None and os.path.exists(tmp):
-                    os.unlink(tmp)
+                remove()
     return path
 
 

@@ -40,6 +40,7 @@ _noted: list[int] = []  # signals that came while held, acted on when the outerm
 _depth = {"raise": 0, "hold": 0}
 _terminated = {"fired": False}
 _DEFAULT = {signal.SIGINT: signal.default_int_handler, signal.SIGTERM: signal.SIG_DFL}
+_cleanups: list = []  # run before a signal's exception is raised (`cleanup_on_signal`)
 
 
 class Terminated(SystemExit):
@@ -67,9 +68,32 @@ def _act(signum: int, frame) -> None:
     if signum == signal.SIGTERM and handler is signal.SIG_DFL:
         if not _terminated["fired"]:
             _terminated["fired"] = True
+            _run_cleanups()
             raise Terminated()
     elif callable(handler):
+        if handler is signal.default_int_handler:
+            _run_cleanups()
         handler(signum, frame)
+
+
+def _run_cleanups() -> None:
+    for cleanup in reversed(_cleanups):
+        cleanup()
+
+
+@contextlib.contextmanager
+def cleanup_on_signal(cleanup) -> Iterator[None]:
+    """Run `cleanup()` (idempotent) before the exception a SIGINT or SIGTERM raises inside this block, wherever it
+    lands — also in the instants between the end of the block's body and its `finally`, where the exception would
+    otherwise skip the cleanup that `finally` was about to do. Main thread only; elsewhere a plain block."""
+    main = _main_thread()
+    if main:
+        _cleanups.append(cleanup)
+    try:
+        yield
+    finally:
+        if main:
+            _cleanups.remove(cleanup)
 
 
 def _on_signal(signum: int, frame) -> None:
@@ -193,4 +217,4 @@ def signals_held() -> Iterator[None]:
                     _act(signum, None)
 
 
-__all__ = ["HELD", "Terminated", "signals_held", "signals_raise"]
+__all__ = ["HELD", "Terminated", "cleanup_on_signal", "signals_held", "signals_raise"]
