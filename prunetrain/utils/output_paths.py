@@ -161,6 +161,30 @@ def _umask() -> int:
 
 
 @contextlib.contextmanager
+def _removed_when_done(remove_one) -> Iterator[list]:
+    """A list for the temporary paths the block makes; each is removed by `remove_one` when the block ends, however
+    it ends: at an error, at SIGINT or SIGTERM (`signals_raise`), also at a signal landing just before the `finally`
+    (`cleanup_on_signal`), with the signals held during the removal. Whatever was renamed away is no longer there."""
+    made: list = []
+
+    def remove() -> None:
+        for path in made:
+            remove_one(path)
+
+    with signals_raise(), cleanup_on_signal(remove):
+        try:
+            yield made
+        finally:
+            with signals_held():
+                remove()
+
+
+def _unlink_if_present(path) -> None:
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(path)
+
+
+@contextlib.contextmanager
 def staging_directory(destination: str | os.PathLike) -> Iterator[Path]:
     """An empty hidden directory beside `destination` (same file system, so renames are atomic), removed on exit
     whatever happens — also at SIGINT or SIGTERM (see `signals_raise`). Build the new content in it and finish
@@ -171,21 +195,11 @@ def staging_directory(destination: str | os.PathLike) -> Iterator[Path]:
     """
     destination = _real(destination)
     destination.parent.mkdir(parents=True, exist_ok=True)
-    made: list[Path] = []
-
-    def remove() -> None:
-        for path in made:
-            shutil.rmtree(path, ignore_errors=True)
-
-    with signals_raise(), cleanup_on_signal(remove):  # removed also at a signal landing just before `finally`
-        try:
-            with signals_held():
-                made.append(Path(tempfile.mkdtemp(prefix=f".{destination.name}.staging-", dir=destination.parent)))
-                made[0].chmod(0o777 & ~_umask())  # mkdtemp makes it private; the result gets the usual permissions
-            yield made[0]
-        finally:
-            with signals_held():
-                remove()
+    with _removed_when_done(lambda path: shutil.rmtree(path, ignore_errors=True)) as made:
+        with signals_held():
+            made.append(Path(tempfile.mkdtemp(prefix=f".{destination.name}.staging-", dir=destination.parent)))
+            made[0].chmod(0o777 & ~_umask())  # mkdtemp makes it private; the result gets the usual permissions
+        yield made[0]
 
 
 def replace_directory(new: str | os.PathLike, destination: str | os.PathLike) -> Path:
@@ -228,25 +242,14 @@ def write_file(path: str | os.PathLike, data: str | bytes, encoding: str = "utf-
     file is removed at any error, SIGINT or SIGTERM)."""
     path = Path(path)
     payload = data.encode(encoding) if isinstance(data, str) else data
-    made: list[str] = []
-
-    def remove() -> None:
-        for tmp in made:
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(tmp)
-
-    with signals_raise(), cleanup_on_signal(remove):  # removed also at a signal landing just before `finally`
-        try:
-            with signals_held():
-                handle, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-                made.append(tmp)
-            with os.fdopen(handle, "wb") as out:
-                out.write(payload)
-            with signals_held():
-                os.replace(tmp, path)
-        finally:
-            with signals_held():
-                remove()
+    with _removed_when_done(_unlink_if_present) as made:
+        with signals_held():
+            handle, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+            made.append(tmp)
+        with os.fdopen(handle, "wb") as out:
+            out.write(payload)
+        with signals_held():
+            os.replace(tmp, path)
     return path
 
 
