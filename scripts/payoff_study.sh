@@ -25,15 +25,22 @@
 # COOLDOWN=SHARE runs the arm with the learning-rate cooldown over the last SHARE of the FLOP budget (`train.cooldown`;
 # the recipe's default since 2026-11-25 is 0.2, so `COOLDOWN=0.2 ... small-steps` is the main recipe as it is); the run
 # is kept as ARM-cooldown-sSEED, and with SCRATCH_FROM the architecture comes from SCRATCH_FROM-cooldown-sSEED. Without
-# COOLDOWN the arm runs with train.cooldown=0, as every arm before the cooldown existed (ARM-sSEED).
+# COOLDOWN (or with COOLDOWN=0, 0.0, ...) the arm runs with train.cooldown=0, as every arm before the cooldown existed
+# (ARM-sSEED).
 # RESUME=1 continues an interrupted run of the arm (`prunetrain recipe --resume`; its minutes then count only the
 # resumed part).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-arm=${1:?usage: payoff_study.sh ARM SEED}
-seed=${2:?usage: payoff_study.sh ARM SEED}
+fail() { echo "payoff_study.sh: $*" >&2; exit 2; }
+[ $# -eq 2 ] || fail "usage: payoff_study.sh ARM SEED (got $# arguments: $*)"
+arm=$1
+seed=$2
+[[ "$seed" =~ ^(0|[1-9][0-9]*)$ ]] || fail "SEED '$seed' is not a non-negative integer (written without leading zeros)"
 cooldown=${COOLDOWN:-0}
-suffix=; [ "$cooldown" != 0 ] && suffix=-cooldown  # a cooldown run (and the run its scratch arm's architecture is from)
+[[ "$cooldown" =~ ^([0-9]+\.?[0-9]*|\.[0-9]+)$ ]] ||
+  fail "COOLDOWN '$cooldown' is not a share of the FLOP budget (a number such as 0.2, or 0 for none)"
+suffix=; [[ "$cooldown" =~ ^0*\.?0*$ ]] || suffix=-cooldown  # any way of writing 0 is no cooldown
+case "${RESUME:-0}" in 0|1) ;; *) fail "RESUME '${RESUME}' is not 0 or 1" ;; esac
 off=(--set 'pruning.schedule_steps={}' --set 'pruning.shrink_steps=[]')
 gradual=(--set 'pruning.schedule_steps={400: 0.25, 600: 0.5, 800: 0.625, 1000: 0.75}' --set 'pruning.shrink_steps=[600, 1000]')
 case "$arm" in

@@ -90,3 +90,19 @@ def smoke_recipe_run(tmp_path_factory, multi30k_dir):
     """`prunetrain recipe wmt-small-deen --smoke` run once per session: (run directory, completed process)."""
     out = tmp_path_factory.mktemp("smoke-recipe") / "smoke"
     return out, run_cli("recipe", "wmt-small-deen", "--smoke", "--data-dir", multi30k_dir, "--output", out)
+
+
+def pytest_terminal_summary(terminalreporter):
+    """Where the suite's time went: tests marked `slow` (end-to-end runs) against the others, so the README can say
+    how long `-m "not slow"` takes (setup, call and teardown of every test that ran, module fixtures included)."""
+    spent = {"slow": 0.0, "others": 0.0}
+    for reports in terminalreporter.stats.values():
+        for report in reports:
+            duration = getattr(report, "duration", None)
+            keywords = getattr(report, "keywords", None)
+            if duration is None or keywords is None or getattr(report, "when", None) is None:
+                continue
+            spent["slow" if "slow" in keywords else "others"] += duration
+    if spent["slow"] or spent["others"]:
+        terminalreporter.write_line(f"time in tests marked slow: {spent['slow'] / 60:.1f} min; in the others "
+                                    f"(-m 'not slow'): {spent['others'] / 60:.1f} min")

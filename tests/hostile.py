@@ -77,7 +77,7 @@ def write_small_data(out: Path, multi30k_dir: Path, pairs: int = 8) -> Path:
     return out
 
 
-# Loads prunetrain.utils.signals and output_paths from the checkout without importing prunetrain (and torch), so
+# Loads prunetrain.utils.signals, write_errors and output_paths from the checkout without importing prunetrain (and torch), so
 # that a child is ready in a fraction of a second.
 LOAD_MODULES = """
 import importlib.util, sys
@@ -86,6 +86,7 @@ def _load(name, path):
     module = importlib.util.module_from_spec(spec); sys.modules[name] = module; spec.loader.exec_module(module)
     return module
 signals = _load("prunetrain.utils.signals", sys.argv[1] + "/prunetrain/utils/signals.py")
+_load("prunetrain.utils.write_errors", sys.argv[1] + "/prunetrain/utils/write_errors.py")
 op = _load("prunetrain.utils.output_paths", sys.argv[1] + "/prunetrain/utils/output_paths.py")
 """
 

@@ -365,3 +365,97 @@ def test_fuzz_corrupt_files(monkeypatch, capsys, copy_of, small_data, tmp_path):
             assert any(name in err for name in named), (victim, err)
             refused += 1
     assert refused >= 4  # the damage was seen, not ignored
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# issue 37: the mask a callback writes next to the model it shrank
+# ---------------------------------------------------------------------------------------------------------------------
+def test_shrink_takes_a_mask_in_the_original_head_numbering_of_an_already_shrunk_model(monkeypatch, capsys,
+                                                                                      tmp_path):
+    """A callback that shrinks at the end writes final_mask.json over the model as it was (every original head);
+    `prunetrain shrink SHRUNK --mask final_mask.json` maps it onto the heads left: exactly the same model, and a
+    mask that removes more gives exactly the original shrunk by both."""
+    import torch
+
+    from prunetrain.zoo import random_mask, tiny_inputs, tiny_model
+
+    original = tiny_model("bert")
+    final = random_mask(original, seed=3, empty_site=None)
+    (tmp_path / "final_mask.json").write_text(json.dumps(final.to_dict()))
+    model = tiny_model("bert")
+    pt.shrink(model, final)
+    pt.save_pruned(model, tmp_path / "model")
+    code, out, err = run_main(monkeypatch, capsys, "shrink", tmp_path / "model", "--mask", tmp_path / "final_mask.json",
+                              "--output", tmp_path / "again")
+    assert code == 0, err
+    again = pt.load_pruned(tmp_path / "again")
+    assert pt.find_heads(again) == pt.find_heads(model)
+    inputs = tiny_inputs("bert")
+    with torch.no_grad():
+        assert torch.equal(again(**inputs).logits, pt.load_pruned(tmp_path / "model")(**inputs).logits)
+    site = next(s for s in pt.find_heads(model) if 0 < s.num_heads < s.original_num_heads)
+    more = final.to_dict()
+    more["sites"][site.name][site.heads[0]] = 0.0  # one more head, in the original numbering
+    (tmp_path / "more.json").write_text(json.dumps(more))
+    assert run_main(monkeypatch, capsys, "shrink", tmp_path / "model", "--mask", tmp_path / "more.json", "--output",
+                    tmp_path / "fewer")[0] == 0
+    expected = tiny_model("bert")
+    pt.shrink(expected, pt.HeadMask.from_dict(more, expected))
+    fewer = pt.load_pruned(tmp_path / "fewer")
+    assert pt.find_heads(fewer) == pt.find_heads(expected)
+    with torch.no_grad():
+        assert torch.equal(fewer(**inputs).logits, expected.eval()(**inputs).logits)
+    gone = next(h for h in range(site.original_num_heads) if h not in site.heads)
+    back = final.to_dict()
+    back["sites"][site.name][gone] = 1.0
+    (tmp_path / "back.json").write_text(json.dumps(back))
+    assert_one_line(run_main(monkeypatch, capsys, "shrink", tmp_path / "model", "--mask", tmp_path / "back.json",
+                             "--output", tmp_path / "x"),
+                    rf"--mask: '.*back.json' keeps head {gone} of site '{site.name}' \(in the original numbering: "
+                    rf"{site.original_num_heads} keep values\), which '.*model' no longer holds")
+    assert not (tmp_path / "x").exists()
+
+
+def test_a_checkpoint_cut_short_while_a_callback_saved_is_called_incomplete(tmp_path):
+    import torch
+
+    from prunetrain.training.state import load_callback_state, save_callback_state
+
+    checkpoint = tmp_path / "checkpoint-40"
+    save_callback_state(checkpoint, "hard-concrete", {"step": 40}, {"log_alpha": torch.zeros(3)})
+    (checkpoint / "prunetrain-hard-concrete.json").unlink()  # killed between the tensors and the JSON
+    with pytest.raises(ValueError, match=r"resume: '.*checkpoint-40' is incomplete: it holds "
+                                         r"prunetrain-hard-concrete.safetensors but not prunetrain-hard-concrete.json, "
+                                         r"which HardConcreteCallback writes last"):
+        load_callback_state(checkpoint, "hard-concrete", "HardConcreteCallback")
+    (checkpoint / "prunetrain-hard-concrete.safetensors").unlink()
+    save_callback_state(checkpoint, "head-pruning", {"step": 40}, {})
+    with pytest.raises(ValueError, match=r"has no prunetrain-hard-concrete.json: either the run that wrote it had no "
+                                         r"HardConcreteCallback, or the checkpoint is incomplete"):
+        load_callback_state(checkpoint, "hard-concrete", "HardConcreteCallback")
+
+
+def test_a_single_process_shrink_during_training_warns_nothing():
+    """The training-time shrink looks for a DDP wrapper; it never touches `torch.distributed.reduce_op` (whose every
+    attribute access is a FutureWarning)."""
+    import warnings
+
+    import torch.distributed
+
+    from prunetrain.training.head_pruning import HeadPruningCallback
+    from prunetrain.zoo import random_mask, tiny_model
+
+    assert torch.distributed.reduce_op is not None  # alive, as in every process that imported torch.distributed
+    model = tiny_model("bert")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        HeadPruningCallback._shrink(model, random_mask(model, seed=1, empty_site=None), None)
+    assert [str(w.message) for w in caught] == []
+
+
+@pytest.mark.parametrize("command", ["importance", "prune", "curve"])
+def test_the_parallel_text_commands_say_so_in_their_help(monkeypatch, capsys, command):
+    code, out, _ = run_main(monkeypatch, capsys, command, "--help", env={"COLUMNS": "200"})
+    assert code == 0
+    text = " ".join(out.split())
+    assert "Parallel text only (translation models)" in text and "Python API" in text

@@ -427,7 +427,7 @@ def test_cli_export_is_a_real_command(tmp_path):
     run = run_cli("export", tmp_path, tmp_path / "x", "--format", "zip")
     assert run.returncode == 2 and "Traceback" not in run.stderr
     assert run.stderr.strip() == ("prunetrain: error: --format: 'zip' is not one of 'remote-code', 'uniform', "
-                                  "'padded', 'onnx', 'gguf'.")
+                                  "'padded', 'onnx', 'gguf', 'ctranslate2'.")
     assert not (tmp_path / "x").exists()
     run = run_cli("export", "--help")
     assert run.returncode == 0 and "--format" in run.stdout and "--check" in run.stdout

@@ -223,6 +223,10 @@ def test_gates_on_a_gqa_model_in_a_trainer_end_on_budget_shrunk_and_logged(tmp_p
         assert {"gates/expected_l0", "gates/penalty", "gates/lambda_1", "gates/lambda_2"} <= set(entry)
         assert 0 <= entry["gates/expected_l0"] <= 16
     assert "'gates/expected_l0'" in capsys.readouterr().out  # the Trainer's console printer shows them
+    # the shrunk model saves alone (the gates' hooks, gone after the shrink, are not in its save record)
+    assert trainer.model.config.prunetrain_export.get("standalone", True), trainer.model.config.prunetrain_export
+    trainer.model.save_pretrained(tmp_path / "saved")
+    assert (tmp_path / "saved" / "modeling_prunetrain.py").is_file()
 
 
 def test_a_finalisation_that_cannot_be_exact_is_refused_before_the_first_step(tmp_path, multi30k_dir):

@@ -11,6 +11,8 @@ import prunetrain as pt
 from prunetrain.export.formats import check_formats, export
 from prunetrain.zoo import tiny_model
 
+pytestmark = pytest.mark.llama  # CI runs these again with the llama extra installed
+
 LLAMA_REASON = ("LLAMA.CPP NOT INSTALLED: the GGUF tests did not run. bash scripts/install.sh --with-llama builds it "
                 "(CPU, a few minutes). Set PRUNETRAIN_REQUIRE_LLAMA=1 to make this a failure.")
 

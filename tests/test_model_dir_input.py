@@ -317,3 +317,136 @@ def test_fuzz_safetensors_header_mutations(monkeypatch, capsys, copy_of, small_d
         assert code == 2 and "Traceback" not in err, (case, command[0], code, err[-2000:])
         assert len(err.strip().splitlines()) == 1 and "model.safetensors" in err, (case, err)
         assert not out.exists()
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# a plain Hugging Face directory whose config.json states other head counts than its weights hold
+# ---------------------------------------------------------------------------------------------------------------------
+def _plain_save_with_unshrunk_config(model, path: Path) -> Path:
+    """`model` (shrunk) saved as a plain HF directory whose config.json states the heads it had before the shrink:
+    the prunetrain layout, guard and modeling file taken away, as a user who 'cleans' a pruned directory would."""
+    from prunetrain.engine.remote_code import plain_config_dict
+
+    model.save_pretrained(path)
+    config = plain_config_dict(json.loads((path / "config.json").read_text()))
+    config.pop("prunetrain_heads", None)
+    (path / "config.json").write_text(json.dumps(config))
+    for item in path.iterdir():
+        if item.name.startswith(("prunetrain_", "modeling_")):
+            item.unlink()
+    return path
+
+
+@pytest.mark.parametrize("family", ["llama", "bert", "gpt2", "marian"])
+def test_a_plain_directory_whose_config_states_more_heads_than_its_weights_is_refused(tmp_path, family):
+    from prunetrain.engine.model_dir import load_model_dir
+    from prunetrain.zoo import tiny_model
+
+    model = tiny_model(family)
+    first = pt.find_heads(model).sites[0]
+    pt.shrink(model, pt.HeadMask.from_heads(model, {s.name: list(range(s.group_size)) for s in pt.find_heads(model)}))
+    held = pt.find_heads(model)[first.name].num_heads
+    path = _plain_save_with_unshrunk_config(model, tmp_path / family)
+    with pytest.raises(ValueError) as err:
+        load_model_dir(path)
+    message = str(err.value)
+    assert "\n" not in message and message.startswith(f"model: {str(path)!r}: its config.json states "), message
+    assert (f"states {first.num_heads} heads × {first.head_dim} at site {first.name!r}, but its weights hold "
+            f"{held} (tensor ") in message, message
+
+
+def test_a_plain_directory_with_its_true_config_still_loads_exactly(tmp_path):
+    """The control of the refusals above: the same kind of directory, its config right, loads the same model."""
+    from prunetrain.engine.model_dir import load_model_dir
+    from prunetrain.zoo import tiny_inputs, tiny_model
+
+    model = tiny_model("llama")
+    model.save_pretrained(tmp_path / "plain")
+    loaded = load_model_dir(tmp_path / "plain", attn_implementation="eager")
+    inputs = tiny_inputs("llama")
+    with torch.no_grad():
+        assert torch.equal(loaded(**inputs).logits, model(**inputs).logits)
+
+
+def test_key_value_heads_and_other_sizes_the_weights_do_not_hold_are_named(monkeypatch, capsys, tmp_path):
+    from prunetrain.zoo import tiny_model
+
+    model = tiny_model("llama")  # 4 query heads on 2 key/value heads of 8
+    for name, fields, pattern in (
+            ("kv", {"num_key_value_heads": 4},
+             r"its config.json states 4 key/value heads × 8 at site 'model.layers.0.self_attn', but its weights "
+             r"hold 2 \(tensor 'model.layers.0.self_attn.k_proj.weight' has shape \(16, 32\), the config needs "
+             r"\(32, 32\)\)"),
+            ("heads", {"num_attention_heads": 8, "num_key_value_heads": 4},
+             r"its config.json states 8 heads × 8 at site 'model.layers.0.self_attn', but its weights hold 4"),
+            ("ffn", {"intermediate_size": 40}, r"its config.json does not describe its weights \(tensor "
+                                               r"'model.layers.0.mlp.gate_proj.weight' has shape \(\d+, 32\), the "
+                                               r"config needs \(40, 32\)\)")):
+        path = tmp_path / name
+        model.save_pretrained(path)
+        _edit_json(path / "config.json", **fields)
+        before = tree(path)
+        assert_one_line(run_main(monkeypatch, capsys, "export", path, tmp_path / f"out-{name}", "--format", "padded"),
+                        rf"source: '.*{name}': " + pattern)
+        assert not (tmp_path / f"out-{name}").exists() and tree(path) == before
+
+
+def test_translate_refuses_a_cleaned_pruned_translation_model(monkeypatch, capsys, model_dir, tmp_path):
+    from prunetrain.engine.model_dir import load_model_dir
+
+    model = load_model_dir(model_dir)
+    pt.shrink(model, pt.HeadMask.from_heads(model, {s.name: [0] for s in pt.find_heads(model)}))
+    path = _plain_save_with_unshrunk_config(model, tmp_path / "cleaned")
+    for item in model_dir.iterdir():
+        if item.name.startswith(("tokenizer", "special_tokens")):
+            (shutil.copytree if item.is_dir() else shutil.copy2)(item, path / item.name)
+    assert_one_line(run_main(monkeypatch, capsys, *translate_args(path, tmp_path)),
+                    r"model: '.*cleaned': its config.json states 2 heads × 8 at site '.*', but its weights hold 1")
+    assert not (tmp_path / "out.txt").exists()
+
+
+@pytest.mark.parametrize("victim, damage, pattern", [
+    ("generation_config.json", "directory", r"model: '.*generation_config.json' is a directory, not a file"),
+    ("generation_config.json", "list", r"model: '.*generation_config.json' holds JSON list, not an object"),
+    ("config.json", "loop", r"model: '.*config.json' cannot be read \(Too many levels of symbolic links\)"),
+    ("tokenizer.json", "list", r"tokenizer: '.*tokenizer.json' holds JSON list, not an object"),
+    ("tokenizer_config.json", "list", r"tokenizer: '.*tokenizer_config.json' holds JSON list, not an object"),
+])
+def test_side_files_that_are_directories_lists_or_link_loops_are_named(monkeypatch, capsys, copy_of, tmp_path,
+                                                                        victim, damage, pattern):
+    """A generation config transformers would skip (a directory) or fail on ('list' object is not a mapping), a
+    config that is a link loop (not 'no config.json'), tokenizer files that hold a list (not a TypeError)."""
+    model = copy_of()
+    (model / victim).unlink()
+    if damage == "directory":
+        (model / victim).mkdir()
+    elif damage == "list":
+        (model / victim).write_text("[1]")
+    else:
+        (model / victim).symlink_to(model / victim)
+    assert_one_line(run_main(monkeypatch, capsys, *translate_args(model, tmp_path)), pattern)
+    assert not (tmp_path / "out.txt").exists()
+
+
+def _zoo_families() -> list[str]:
+    from prunetrain.zoo import ARCHITECTURES
+
+    return sorted(ARCHITECTURES)
+
+
+@pytest.mark.parametrize("family", _zoo_families())
+def test_every_zoo_family_saved_plainly_loads_through_the_checks(tmp_path, family):
+    """No false refusal: the head-count check (and the config field checks, e.g. DeBERTa's
+    max_relative_positions = -1, its class's own default) pass every architecture saved as Hugging Face saves it."""
+    from prunetrain.engine.model_dir import load_model_dir
+    from prunetrain.zoo import tiny_model
+
+    model = tiny_model(family)
+    model.save_pretrained(tmp_path / family)
+    for item in (tmp_path / family).iterdir():
+        if item.name.startswith(("prunetrain_", "modeling_")):
+            item.unlink()
+    loaded = load_model_dir(tmp_path / family)
+    assert type(loaded).__name__ == type(model).__name__
+    assert {k: tuple(v.shape) for k, v in loaded.state_dict().items()} == \
+        {k: tuple(v.shape) for k, v in model.state_dict().items()}

@@ -149,3 +149,58 @@ def test_a_budget_defined_study_end_to_end(tmp_path, multi30k_dir):
     markdown = (tmp_path / "cmp" / "compare.md").read_text()
     for heading in ("## Arms", "## Equal training FLOPs", "## Paired bootstrap"):
         assert heading in markdown
+
+
+def _study_script(tmp_path):
+    """scripts/payoff_study.sh in a scratch tree whose `.venv/bin/prunetrain` records its arguments and writes the
+    files the script keeps (the script runs from its tree's root): run(args, env) -> (exit code, stderr, the
+    recipe command's arguments or None, the kept directories)."""
+    import os
+    import shutil
+    import subprocess
+    from pathlib import Path
+
+    root = tmp_path / "tree"
+    (root / "scripts").mkdir(parents=True)
+    shutil.copy(Path(__file__).resolve().parents[1] / "scripts" / "payoff_study.sh", root / "scripts")
+    fake = root / ".venv" / "bin" / "prunetrain"
+    fake.parent.mkdir(parents=True)
+    fake.write_text('#!/usr/bin/env bash\nprintf "%s\\n" "$@" > args.txt\nout=${@: -1}; [ "$out" = --resume ] && '
+                    'out=${@: -2:1}\nmkdir -p "$out/pruned"\nfor f in results.json report.md test_translations.json '
+                    'pruned/prunetrain_layout.json; do echo {} > "$out/$f"; done\n')
+    fake.chmod(0o755)
+
+    def run(args, env=None):
+        (root / "args.txt").unlink(missing_ok=True)
+        done = subprocess.run(["bash", "scripts/payoff_study.sh", *args], cwd=root, capture_output=True, text=True,
+                              env={**os.environ, **(env or {})})
+        recorded = (root / "args.txt").read_text().splitlines() if (root / "args.txt").is_file() else None
+        kept = root / "recipes" / "results" / "wmt-small-deen-study"
+        return done.returncode, done.stderr, recorded, sorted(p.name for p in kept.iterdir()) if kept.is_dir() else []
+
+    return run
+
+
+def test_payoff_study_names_a_run_without_cooldown_as_such_and_refuses_extra_arguments(tmp_path):
+    run = _study_script(tmp_path)
+    for zero in ("0", "0.0", "0.00", ".0", "00"):
+        code, err, args, kept = run(["off", "1"], {"COOLDOWN": zero})
+        assert code == 0, err
+        assert args[-2:] == ["--output", "checkpoints/study/off-s1"] and f"train.cooldown={zero}" in args, args
+    code, err, args, kept = run(["off", "1"], {"COOLDOWN": "0.2"})
+    assert code == 0 and args[-1] == "checkpoints/study/off-cooldown-s1" and "train.cooldown=0.2" in args, err
+    assert kept == ["off-cooldown-s1", "off-s1"]
+    code, err, args, _ = run(["off", "1"], {"RESUME": "1"})
+    assert code == 0 and args[-2:] == ["checkpoints/study/off-s1", "--resume"], err
+    for argv, env, message in [
+        (["off", "1", "extra"], {}, "usage: payoff_study.sh ARM SEED (got 3 arguments: off 1 extra)"),
+        (["off"], {}, "usage: payoff_study.sh ARM SEED (got 1 arguments: off)"),
+        (["off", "one"], {}, "SEED 'one' is not a non-negative integer"),
+        (["off", "1"], {"COOLDOWN": "none"}, "COOLDOWN 'none' is not a share of the FLOP budget"),
+        (["off", "1"], {"COOLDOWN": "-0.2"}, "COOLDOWN '-0.2' is not a share of the FLOP budget"),
+        (["off", "1"], {"RESUME": "yes"}, "RESUME 'yes' is not 0 or 1"),
+        (["sideways", "1"], {}, "unknown arm 'sideways'"),
+    ]:
+        code, err, args, _ = run(argv, env)
+        assert (code, args) == (2, None), (argv, env, err)
+        assert err.strip().startswith(f"payoff_study.sh: {message}") and len(err.strip().splitlines()) == 1, err

@@ -58,9 +58,16 @@ def test_save_refuses_to_overwrite_and_leaves_nothing_half_written(tmp_path):
     with pytest.raises(ValueError, match=r"path: '.*out' already exists and is not empty; pass overwrite=True"):
         pt.save_pruned(model, target)
     assert [p.name for p in target.iterdir()] == ["keep.txt"]
+    with pytest.raises(ValueError, match=r"path: '.*out' holds 'keep.txt', which is not part of a model or run "
+                                         r"directory prunetrain writes; overwrite=True replaces only those"):
+        pt.save_pruned(model, target, overwrite=True)  # the user's file is never deleted (issue 37)
+    assert [p.name for p in target.iterdir()] == ["keep.txt"]
+    (target / "keep.txt").unlink()
+    pt.save_pruned(model, target)
+    (target / "config.json").write_text("{}")  # a saved model directory, changed: overwrite=True replaces it
     pt.save_pruned(model, target, overwrite=True)
-    assert (target / "prunetrain_layout.json").is_file() and not (target / "keep.txt").exists()
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]  # no staging directory left behind
+    assert (target / "prunetrain_layout.json").is_file() and (target / "config.json").read_text() != "{}"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]  # no staging directory or lock file left behind
 
 
 def test_loading_something_else_is_a_clear_error(tmp_path):
@@ -81,7 +88,7 @@ def test_loading_something_else_is_a_clear_error(tmp_path):
 def test_a_config_that_is_not_json_names_the_file(tmp_path):
     path = pt.save_pruned(tiny_model("bert"), tmp_path / "m")
     (path / "config.json").write_text("{not json")
-    with pytest.raises(ValueError, match=r"path: '.*config.json' is not JSON \(Expecting property name"):
+    with pytest.raises(ValueError, match=r"path: '.*config.json' is not valid JSON \(Expecting property name"):
         pt.load_pruned(path)
 
 

@@ -381,3 +381,173 @@ def test_results_with_nan_are_never_written_as_json():
                                          r"the result is not written"):
         dumps_strict({"scores": [[0.5], [float("nan")]]}, "importance")
     assert json.loads(dumps_strict({"a": [1.5]}, "x")) == {"a": [1.5]}
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# issue 37: values checked before the run directory is touched, FLOP budgets the schedule needs, the tokenizer a
+# resume trains with
+# ---------------------------------------------------------------------------------------------------------------------
+def _finished_run(out: Path, recipe) -> dict:
+    """A finished run directory of `recipe` (what --overwrite would replace); returns its tree."""
+    from prunetrain.mt.run_dir import mark_complete, prepare_output_dir
+
+    prepare_output_dir(out, recipe, resume=False, overwrite=False)
+    (out / "results.json").write_text(json.dumps({"train_minutes": 1.5}))
+    mark_complete(out)
+    return tree(out)
+
+
+def _layout_file(tmp_path: Path, heads: list[int]) -> Path:
+    """A prunetrain_layout.json of the smoke recipe's model whose first site keeps `heads`."""
+    from prunetrain.mt.data import marian_config
+    from transformers import MarianMTModel
+
+    layout = pt.find_heads(MarianMTModel(marian_config(300, d_model=32, ffn_dim=8, layers=2, heads=4)))
+    record = layout.to_dict()
+    record["sites"][0] = {**record["sites"][0], "heads": heads, "num_heads": len(heads)}
+    path = tmp_path / "layout" / "prunetrain_layout.json"
+    path.parent.mkdir()
+    path.write_text(json.dumps(record))
+    return path
+
+
+def test_initial_architecture_values_are_refused_before_a_finished_run_is_touched(monkeypatch, capsys, tmp_path,
+                                                                                  multi30k_dir):
+    from prunetrain.mt.recipe import load_recipe
+
+    out = tmp_path / "finished"
+    before = _finished_run(out, load_recipe("wmt-small-deen"))
+    bad_layout = _layout_file(tmp_path, [0, 7])
+    for override, pattern in [
+        ("pruning.init_layout=/nonexistent.json", r"pruning.init_layout: '/nonexistent.json' holds no "
+                                                  r"prunetrain_layout.json"),
+        (f"pruning.init_layout={bad_layout}", r"pruning.init_layout: .* does not fit the recipe's model .*site "
+                                              r"'model.encoder.layers.0.self_attn' keeps .*7"),
+        ("pruning.init_heads=1000", r"pruning.init_heads: 1000 is more than the model's 24 heads"),
+        ("pruning.init_heads=3", r"pruning.init_heads: 3 cannot be kept with pruning.min_heads_per_layer=1"),
+    ]:
+        base = ["recipe", "wmt-small-deen", "--smoke", "--data-dir", multi30k_dir, "--set", override]
+        assert_one_line(run_main(monkeypatch, capsys, *base, "--show"), pattern)
+        assert_one_line(run_main(monkeypatch, capsys, *base, "--output", out, "--overwrite"), pattern)
+        assert tree(out) == before
+
+
+def test_a_flop_budget_the_schedule_cannot_use_is_refused_before_the_run_directory(monkeypatch, capsys, tmp_path,
+                                                                                   multi30k_dir):
+    from prunetrain.mt.data import read_parallel, train_tokenizer
+    from prunetrain.mt.preflight import step_flops_floor
+    from prunetrain.mt.recipe import load_recipe
+    from prunetrain.mt.run_record import with_data_dir
+    from prunetrain.mt.runner import build_model
+    from prunetrain.cli.recipes import _smoke_overrides
+
+    recipe = with_data_dir(load_recipe("wmt-small-deen", _smoke_overrides("wmt-small-deen")), multi30k_dir)
+    pairs = read_parallel(multi30k_dir, "train", limit=recipe.data.train_limit)
+    tokenizer = train_tokenizer(pairs, vocab_size=recipe.data.vocab_size)
+    full, _, _ = step_flops_floor(recipe, build_model(recipe, tokenizer), tokenizer, pairs)
+    out = tmp_path / "finished"
+    before = _finished_run(out, load_recipe("wmt-small-deen"))
+    base = ["recipe", "wmt-small-deen", "--smoke", "--data-dir", multi30k_dir, "--output", out, "--overwrite"]
+    assert_one_line(run_main(monkeypatch, capsys, *base, "--set", "train.max_flops=1"),
+                    r"train.max_flops: 1 is spent by the first training step \(at least .* FLOPs with this model and "
+                    r"data\); the run would stop after one step")
+    assert_one_line(run_main(monkeypatch, capsys, *base, "--set", f"train.max_flops={3 * full}"),
+                    r"train.max_flops: .* is spent before pruning.schedule_steps step 10: the first 9 steps alone "
+                    r"need at least .* training FLOPs")
+    assert tree(out) == before
+
+
+@pytest.mark.parametrize("overrides, pattern", [
+    (["train.max_flops=0.5"], r"train.max_flops: 0.5 is not allowed; a FLOP budget is a count of training FLOPs"),
+    (["train.max_flops=10", "train.cooldown=1e-320"],
+     r"train.cooldown: 1e-320 of train.max_flops=10.0 is less than one FLOP"),
+])
+def test_a_cooldown_or_budget_too_small_for_floats_is_refused_up_front(monkeypatch, capsys, overrides, pattern):
+    args = [arg for override in overrides for arg in ("--set", override)]
+    assert_one_line(run_main(monkeypatch, capsys, "recipe", "wmt-small-deen", *args, "--show"), pattern)
+
+
+def test_the_cooldown_never_divides_by_an_underflowed_product():
+    from types import SimpleNamespace
+
+    from prunetrain.training.cooldown import FlopCooldownCallback, cooldown_factor
+
+    assert cooldown_factor(0.0, 1e-300, 1e-30) == 1.0  # share · budget is 0.0 in floats
+    assert cooldown_factor(1e-300, 1e-300, 1e-30) == 0.0
+    assert cooldown_factor(90.0, 100.0, 0.2) == pytest.approx(0.5)
+    with pytest.raises(ValueError, match=r"share: 1e-30 × the clock's max_flops 1e-300 is below the smallest float"):
+        FlopCooldownCallback(SimpleNamespace(max_flops=1e-300), 1e-30)
+
+
+def test_flop_points_one_step_crosses_together_are_each_reported():
+    from types import SimpleNamespace
+
+    from prunetrain.mt.preflight import merged_flop_points
+    from prunetrain.mt.recipe import load_recipe
+
+    recipe = load_recipe("wmt-small-deen", ["eval.test_flops=[0.25, 0.26, 0.5, 0.9]", "train.max_flops=100"])
+    clock = SimpleNamespace(flops=60, records=[{"kind": "flops", "flops_target": 26.0, "flops": 27, "step": 3},
+                                               {"kind": "flops", "flops_target": 50.0, "flops": 52, "step": 5}])
+    assert merged_flop_points(recipe, clock) == [{"share": 0.25, "step": 3}]  # 0.9 was never reached
+
+
+def test_the_report_says_a_flop_budget_defines_the_run():
+    from prunetrain.mt.report import _points_lines
+
+    cap = {"max_minutes": 60, "fired": False, "planned_steps": 5448}
+    by_flops = _points_lines({"time_cap": cap, "max_flops": 1.78e14, "flop_budget_reached_at_step": 2250,
+                              "steps": 2250})
+    assert by_flops[0].startswith("The run is defined by its FLOP budget (train.max_flops=1.78e+14 training FLOPs, "
+                                  "reached at step 2250)")
+    assert "5448" not in by_flops[0]
+    by_steps = _points_lines({"time_cap": cap, "max_flops": None})
+    assert by_steps[0].startswith("The run is defined by its 5448 steps")
+    merged = _points_lines({"time_cap": cap, "max_flops": 100, "test_flops_merged": [{"share": 0.25, "step": 3}]})
+    assert "eval.test_flops 0.25 was crossed by step 3 together with a later point" in merged[1]
+
+
+def test_the_time_cap_names_the_flop_budget_as_the_end(caplog):
+    from types import SimpleNamespace
+
+    from prunetrain.training.time_cap import TimeCapCallback
+
+    clock = SimpleNamespace(flops=0, max_flops=1000)
+    cap = TimeCapCallback(60.0, measure_steps=2, budget=clock)
+    state = SimpleNamespace(global_step=0, max_steps=5448, epoch=0.0)
+    cap.on_train_begin(None, state, None)
+    cap.start -= 2.0  # two steps in two seconds: the cap would stop near step 3600
+    for step in (1, 2):
+        state.global_step, clock.flops = step, 10 * step
+        with caplog.at_level("WARNING", logger="prunetrain"):
+            cap.on_step_end(None, state, SimpleNamespace(should_training_stop=False))
+    assert cap.budget_end_step == 100 and cap.expected_end_step == 100
+    assert "FLOP budget of 1000 training FLOPs is expected to end the run near step 100" in caplog.text
+    assert "expected to stop near step" not in caplog.text
+
+
+def test_a_resume_refuses_a_replaced_tokenizer(monkeypatch, capsys, tmp_path, multi30k_dir):
+    from prunetrain.cli.recipes import _smoke_overrides
+    from prunetrain.mt.data import read_parallel, train_tokenizer
+    from prunetrain.mt.preflight import write_tokenizer_record
+    from prunetrain.mt.recipe import load_recipe
+    from prunetrain.mt.run_dir import prepare_output_dir
+    from prunetrain.mt.run_record import data_record, with_data_dir
+
+    recipe = with_data_dir(load_recipe("wmt-small-deen", _smoke_overrides("wmt-small-deen")), multi30k_dir)
+    limit = recipe.data.train_limit
+    pairs = [read_parallel(multi30k_dir, "train", limit=limit), read_parallel(multi30k_dir, "valid"),
+             read_parallel(multi30k_dir, "test")]
+    out = tmp_path / "run"
+    prepare_output_dir(out, recipe, resume=False, overwrite=False, data=data_record(recipe, pairs))
+    train_tokenizer(pairs[0], vocab_size=recipe.data.vocab_size, path=out / "tokenizer")
+    write_tokenizer_record(out)
+    (out / "checkpoint-5").mkdir()
+    other = train_tokenizer(pairs[0][::-1][:600], vocab_size=recipe.data.vocab_size)  # same size, other merges
+    assert len(other) == recipe.data.vocab_size
+    other.save_pretrained(out / "tokenizer")
+    before = tree(out)
+    assert_one_line(run_main(monkeypatch, capsys, "recipe", "wmt-small-deen", "--smoke", "--data-dir", multi30k_dir,
+                             "--output", out, "--resume"),
+                    r"--resume: the run's tokenizer changed since it started: '.*tokenizer.json' differs \(sha256 "
+                    r"recorded in tokenizer_record.json\)")
+    assert tree(out) == before

@@ -10,7 +10,7 @@ from typing import Any, Callable, Mapping, Sequence
 import torch
 
 from prunetrain.bench.timing import ORDERS
-from prunetrain.utils.validate import allowed_text, check_choice, check_int, check_ints
+from prunetrain.utils.validate import allowed_text, check_bool, check_choice, check_int, check_ints
 
 DTYPES = ("fp32", "bf16")
 """`fp32`: plain float32. `bf16`: `torch.autocast(dtype=torch.bfloat16)` around every call of both models."""
@@ -59,6 +59,7 @@ class BenchWorkload:
         object.__setattr__(self, "seq_lens", _int_list("seq_lens", self.seq_lens))
         if self.tgt_len is not None:
             check_int("tgt_len", self.tgt_len, 1)
+        check_int("seed", self.seed, 0)
 
 
 @dataclass(frozen=True)
@@ -82,6 +83,7 @@ class BenchCalls:
         check_choice("dtype", self.dtype, DTYPES)
         object.__setattr__(self, "generate", _generate_modes(self.generate))
         check_int("new_tokens", self.new_tokens, 1)
+        object.__setattr__(self, "forward", check_bool("forward", self.forward))
         if not self.forward and not self.generate:
             raise ValueError("forward: False with generate=None leaves nothing to measure; allowed: forward=True "
                              f"and/or generate in {allowed_text(GENERATE_MODES)}.")
@@ -128,6 +130,14 @@ class BenchReport:
     label_b: str = "pruned"
     flops: bool = True
     memory: bool = True
+
+    def __post_init__(self) -> None:
+        for name in ("label_a", "label_b"):
+            label = getattr(self, name)
+            if not isinstance(label, str) or not label.strip():
+                raise ValueError(f"{name}: {label!r} is not allowed; expected a non-empty label (str).")
+        for name in ("flops", "memory"):
+            object.__setattr__(self, name, check_bool(name, getattr(self, name)))
 
 
 GROUPS = {"workload": BenchWorkload, "calls": BenchCalls, "timing": BenchTiming, "report": BenchReport}

@@ -37,10 +37,12 @@ class BenchResult:
         return {"format": JSON_FORMAT, "meta": self.meta, "models": self.models, "rows": self.rows}
 
     def to_json(self, path: str | os.PathLike | None = None) -> str:
+        from prunetrain.utils.output_paths import write_file
+
         text = json.dumps(self.to_dict(), indent=1)
         if path is not None:
             Path(path).parent.mkdir(parents=True, exist_ok=True)
-            Path(path).write_text(text + "\n")
+            write_file(path, text + "\n")  # atomic: a failed write (a full disk) leaves no partial file
         return text
 
     @classmethod
@@ -52,10 +54,12 @@ class BenchResult:
 
     @classmethod
     def from_json(cls, text_or_path: str | os.PathLike) -> "BenchResult":
+        from prunetrain.utils.files import parse_json, read_json
+
         text = str(text_or_path)
-        if not text.lstrip().startswith("{"):
-            text = Path(text_or_path).read_text()
-        return cls.from_dict(json.loads(text))
+        if not text.lstrip().startswith("{"):  # a key given twice is refused, not read as its last value
+            return cls.from_dict(read_json(text_or_path, "bench result", allow_nan=True))
+        return cls.from_dict(parse_json(text, "bench result", allow_nan=True))
 
     def row(self, variant: str | None = None, task: str = "forward", batch: int | None = None,
             seq_len: int | None = None) -> dict:

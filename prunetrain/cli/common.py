@@ -29,9 +29,12 @@ def emit(result: dict, output: Optional[Path], what: str = "result") -> None:
     `output` (checked by the command before any work) atomically."""
     from prunetrain.utils.files import dumps_strict
 
+    from prunetrain.utils.write_errors import write_errors
+
     text = dumps_strict(result, what, indent=1, default=str)
     if output is not None:
-        output_paths.write_file(output, text)
+        with write_errors("--output", output):  # a full or read-only disk: one line naming --output
+            output_paths.write_file(output, text)
     typer.echo(text)
 
 
@@ -126,9 +129,31 @@ def translation_batches(model_dir: Path, tokenizer_dir: Optional[Path], data_dir
 
     tokenizer = load_tokenizer(model_dir, tokenizer_dir)
     pairs = read_parallel(data_dir, split, limit=num_batches * batch_size)
-    dataset = build_dataset(pairs, tokenizer)
+    dataset = build_dataset(pairs, tokenizer, max_length=SENTENCE_TOKENS)
+    _check_positions(dataset, net, data_dir, split)
     batches = collate_batches(dataset, make_collator(tokenizer, net), batch_size)
     return tokenizer, pairs, batches
+
+
+SENTENCE_TOKENS = 128
+"""Where `translation_batches` cuts a longer sentence (keeping its final `</s>`), as it always has."""
+
+
+def _check_positions(dataset, net, data_dir: Path, split: str) -> None:
+    """A sentence with more tokens than the model has positions cannot be scored (the position embedding has no row
+    for it): refused before any work, naming the file, the line, its length and the model's positions."""
+    limit = getattr(getattr(net, "config", None), "max_position_embeddings", None)
+    if not isinstance(limit, int):
+        return
+    for index in range(len(dataset)):
+        example = dataset[index]
+        for field, lang in (("input_ids", "de"), ("labels", "en")):
+            length = len(example[field])
+            if length > limit:
+                shown = f"{length}" if length < SENTENCE_TOKENS else f"{SENTENCE_TOKENS} or more"
+                raise UserError(f"--data-dir: line {index + 1} of {str(data_dir / f'{split}.{lang}')!r} has {shown} "
+                                f"tokens, more than the model's {limit} positions (max_position_embeddings); shorten "
+                                f"or remove it.")
 
 
 __all__ = ["TOKENIZER_HELP", "UserError", "app", "check_data_dir", "check_output_dir", "check_output_file",

@@ -8,9 +8,10 @@ from typing import Optional
 import typer
 
 from prunetrain.cli.common import UserError, app, emit
+from prunetrain.utils.extras import packages_missing
 from prunetrain.utils.validate import check_choice
 
-FORMATS = ("remote-code", "uniform", "padded", "onnx", "gguf")  # prunetrain.export.formats.FORMATS (kept import-free here)
+FORMATS = ("remote-code", "uniform", "padded", "onnx", "gguf", "ctranslate2")  # prunetrain.export.formats.FORMATS (kept import-free here)
 
 
 @app.command("export")
@@ -21,10 +22,14 @@ def export_command(
                                help="remote-code (self-contained, trust_remote_code=True) | uniform (standard "
                                     "config, same heads everywhere) | padded (original shapes, removed heads zero: "
                                     "exact, no speed-up) | onnx (ONNX Runtime graphs) | gguf (llama.cpp, Llama "
-                                    "family, per-layer heads)."),
+                                    "family, per-layer heads) | ctranslate2 (CTranslate2, Marian translation "
+                                    "models, padded per stack)."),
     gguf_type: Optional[str] = typer.Option(None, "--gguf-type", help="With --format gguf: f32 (default, exact), "
                                                                       "f16 or q8_0 (checked within a stated "
                                                                       "tolerance, docs/export.md)."),
+    quantization: Optional[str] = typer.Option(None, "--quantization", help="With --format ctranslate2: "
+                                               "CTranslate2's weight type, float32 (default, exact), int8, "
+                                               "int8_float32, int16, float16, bfloat16, int8_float16, int8_bfloat16."),
     check: bool = typer.Option(False, "--check", help="List the formats SOURCE can be written in, and why not the "
                                                       "others; writes nothing."),
     overwrite: bool = typer.Option(False, "--overwrite", help="Replace an existing non-empty DESTINATION."),
@@ -36,6 +41,12 @@ def export_command(
             if format != "gguf":
                 raise UserError(f"--gguf-type: {gguf_type!r} is only for --format gguf, not {format!r}.")
             check_choice("--gguf-type", gguf_type, ("f32", "f16", "q8_0"))
+        if quantization is not None:
+            if format != "ctranslate2":
+                raise UserError(f"--quantization: {quantization!r} is only for --format ctranslate2, not {format!r}.")
+            from prunetrain.export.ctranslate2 import QUANTIZATIONS
+
+            check_choice("--quantization", quantization, QUANTIZATIONS)
     if not (source / "config.json").is_file():
         raise UserError(f"source: {str(source)!r} is not a saved model directory (no config.json).")
     if check:
@@ -49,22 +60,26 @@ def export_command(
         return
     if destination is None:
         raise UserError("destination: missing; usage: prunetrain export SOURCE DESTINATION --format FORMAT.")
-    from prunetrain.utils.output_paths import check_output_dir
+    from prunetrain.utils.output_paths import check_output_dir, output_lock
 
-    check_output_dir(destination, overwrite=overwrite, flag="destination", inputs={"source": source})
-    if format == "onnx":
-        try:
-            import onnx  # noqa: F401
-            import onnxruntime  # noqa: F401
-        except ImportError:
-            raise UserError("--format: onnx needs the onnx and onnxruntime packages (pip install "
-                            "'prunetrain[onnx]').") from None
+    with output_lock(destination, flag="destination"):  # held until the export is in place; a second writer fails
+        check_output_dir(destination, overwrite=overwrite, flag="destination", inputs={"source": source})
+        _check_format_installed(format)
+        from prunetrain.export.formats import export
+
+        emit(export(source, destination, format, overwrite=overwrite, gguf_type=gguf_type,
+                    quantization=quantization), None)
+
+
+def _check_format_installed(format: str) -> None:
+    """The packages a format is written and checked with are installed (one line naming --format if not)."""
+    if format == "onnx" and (missing := packages_missing("onnx", "onnxruntime")):
+        raise UserError(f"--format: onnx is checked in ONNX Runtime; {missing}")
+    if format == "ctranslate2" and (missing := packages_missing("ctranslate2")):
+        raise UserError(f"--format: ctranslate2 is checked in CTranslate2; {missing}")
     if format == "gguf":
         from prunetrain.export.llama_cpp import llama_cpp_missing
 
         missing = llama_cpp_missing()
         if missing is not None:
             raise UserError(f"--format: gguf is checked in llama.cpp; {missing}")
-    from prunetrain.export.formats import export
-
-    emit(export(source, destination, format, overwrite=overwrite, gguf_type=gguf_type), None)

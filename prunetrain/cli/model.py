@@ -18,19 +18,23 @@ from prunetrain.utils.validate import check_choice, check_int
 TOKENIZER_ENTRIES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "added_tokens.json",
                      "vocab.json", "merges.txt", "chat_template.jinja", "tokenizer")
 """What `shrink` carries from the model directory into the shrunk one (besides `*.model` sentencepiece files)."""
+DATA_HELP = "Parallel-text directory ({split}.de and {split}.en, one sentence a line): translation models only."
 
 
 @app.command()
 def importance(
     model: Path = typer.Argument(..., help="A saved translation model directory (with its tokenizer)."),
-    data_dir: Path = typer.Option(..., help="Parallel-text directory."),
+    data_dir: Path = typer.Option(..., help=DATA_HELP),
     split: str = typer.Option("valid"),
     num_batches: int = typer.Option(8), batch_size: int = typer.Option(64),
     scorer: str = typer.Option("gradient", help="gradient | ablation | confidence | random"),
     tokenizer: Optional[Path] = typer.Option(None, help=TOKENIZER_HELP),
     output: Optional[Path] = typer.Option(None, help="Write the scores JSON here."),
 ):
-    """Head importance (Michel et al. 2019 by default) of a saved translation model on a data split."""
+    """Head importance (Michel et al. 2019 by default) of a saved translation model on a split of parallel text.
+
+    Parallel text only (translation models): for a classifier or any other model use the Python API,
+    `prunetrain.head_importance(model, batches)`."""
     from prunetrain.methods.importance import SCORERS, get_scorer
 
     check_positive(num_batches=num_batches, batch_size=batch_size)
@@ -51,7 +55,7 @@ def prune(
     output: Path = typer.Option(..., help="Directory for the shrunk model."),
     amount: float = typer.Option(0.5, help="Fraction of all heads to prune (0..1), or a count >= 1 with --count."),
     count: bool = typer.Option(False, help="Read --amount as a number of heads."),
-    data_dir: Path = typer.Option(..., help="Parallel-text directory for importance."),
+    data_dir: Path = typer.Option(..., help=DATA_HELP + " Importance is measured on it."),
     split: str = typer.Option("valid"),
     num_batches: int = typer.Option(8), batch_size: int = typer.Option(64),
     scope: str = typer.Option("global", help="global | layer | kind"),
@@ -61,7 +65,11 @@ def prune(
                                                "model itself); the old one stays whole until the new one is "
                                                "complete."),
 ):
-    """Prune the least important heads of a saved model and save it shrunk (with its tokenizer and mask.json)."""
+    """Prune the least important heads of a saved translation model and save it shrunk (with its tokenizer and
+    mask.json).
+
+    Parallel text only (translation models): for a classifier or any other model use the Python API
+    (`prunetrain.head_importance`, `select_heads`, `shrink`, `save_pruned`), or `prunetrain shrink` with a mask."""
     from prunetrain.engine.shrink import shrink as do_shrink
     from prunetrain.methods.importance import head_importance
     from prunetrain.methods.selection import select_heads
@@ -75,15 +83,17 @@ def prune(
     check_amount("--amount", value)
     translation_model_dir(model)
     check_data_dir(data_dir)
-    check_output_dir(output, overwrite, in_place="model", model=model, data_dir=data_dir, tokenizer=tokenizer)
-    net = load_model(model)
-    tok, _, batches = translation_batches(model, tokenizer, data_dir, split, num_batches, batch_size, net)
-    mask = select_heads(head_importance(net, batches), value, scope=scope, min_heads_per_layer=min_heads_per_layer)
-    layout = do_shrink(net, mask)
-    with output_paths.staging_directory(output) as staging:  # everything read; output may be the model itself
-        save_translation_model(net, tok, staging / "model")
-        mask.to_json(staging / "model" / "mask.json")
-        output_paths.replace_directory(staging / "model", output)  # the old one whole until the new one is
+    with output_paths.output_lock(output):  # held for the whole command: a second writer of --output fails at once
+        check_output_dir(output, overwrite, in_place="model", model=model, data_dir=data_dir, tokenizer=tokenizer)
+        net = load_model(model)
+        tok, _, batches = translation_batches(model, tokenizer, data_dir, split, num_batches, batch_size, net)
+        mask = select_heads(head_importance(net, batches), value, scope=scope,
+                            min_heads_per_layer=min_heads_per_layer)
+        layout = do_shrink(net, mask)
+        with output_paths.staging_directory(output) as staging:  # everything read; output may be the model itself
+            save_translation_model(net, tok, staging / "model")
+            mask.to_json(staging / "model" / "mask.json")
+            output_paths.replace_directory(staging / "model", output)  # the old one whole until the new one is
     emit({"output": str(output), "heads_kept": layout.total_heads, "per_kind": layout.heads_per_kind()}, None)
 
 
@@ -98,14 +108,15 @@ def _amount(amount: float, count: bool) -> int | float:
 @app.command()
 def shrink(
     model: Path = typer.Argument(..., help="A saved model directory."),
-    mask: Path = typer.Option(..., help="HeadMask JSON (site -> keep list), e.g. from prune or a callback."),
+    mask: Path = typer.Option(..., help="HeadMask JSON (site -> keep list), e.g. from prune or a callback: one keep "
+                                        "value per head a site holds now, or per original head (a callback's "
+                                        "final_mask.json next to the model it shrank; mapped onto the heads left)."),
     output: Path = typer.Option(..., help="Directory for the shrunk model."),
     overwrite: bool = typer.Option(False, help="Replace --output if it holds a model prunetrain wrote (it may be the "
                                                "model itself); the old one stays whole until the new one is "
                                                "complete."),
 ):
     """Physically remove the heads a mask zeroes and save the result (the tokenizer's files copied along)."""
-    from prunetrain.engine.mask import HeadMask
     from prunetrain.engine.model_dir import check_model_dir
     from prunetrain.engine.persist import save_pruned
     from prunetrain.engine.shrink import shrink as do_shrink
@@ -113,15 +124,52 @@ def shrink(
 
     check_model_dir(model)
     read_json(mask, "--mask")  # a regular file holding a strict JSON object
-    check_output_dir(output, overwrite, in_place="model", model=model, mask=mask)
-    net = load_model(model)
-    keep = HeadMask.from_json(mask, net, argument="--mask")
-    layout = do_shrink(net, keep)
-    with output_paths.staging_directory(output) as staging:  # everything read; output may be the model itself
-        save_pruned(net, staging / "model")
-        _copy_tokenizer(model, staging / "model")
-        output_paths.replace_directory(staging / "model", output)  # the old one whole until the new one is
+    with output_paths.output_lock(output):  # held for the whole command: a second writer of --output fails at once
+        check_output_dir(output, overwrite, in_place="model", model=model, mask=mask)
+        net = load_model(model)
+        keep = _mask_for_model(net, mask, model)
+        layout = do_shrink(net, keep)
+        with output_paths.staging_directory(output) as staging:  # everything read; output may be the model itself
+            save_pruned(net, staging / "model")
+            _copy_tokenizer(model, staging / "model")
+            output_paths.replace_directory(staging / "model", output)  # the old one whole until the new one is
     emit({"output": str(output), "heads_kept": layout.total_heads, "per_kind": layout.heads_per_kind()}, None)
+
+
+def _mask_for_model(net, mask: Path, model: Path):
+    """The --mask as a HeadMask of `net` as it is now. A site's keep list has one value per head the site holds now
+    — or one per head it had originally (`original_num_heads`): what a pruning callback writes for the model it then
+    shrinks, next to the directory that holds the shrunk model. Such a list is mapped exactly onto the original
+    heads the site still holds; one that keeps a head the model no longer holds is refused."""
+    from prunetrain.engine.heads import find_heads
+    from prunetrain.engine.mask import HeadMask
+    from prunetrain.utils.files import read_json
+
+    data = read_json(mask, "--mask")
+    layout, sites = find_heads(net), data.get("sites")
+    if isinstance(sites, dict):
+        sites = dict(sites)
+        for name, values in sites.items():
+            if name not in layout or not isinstance(values, list):
+                continue
+            site = layout[name]
+            numbers = all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in values)
+            if not numbers or len(values) == site.num_heads or len(values) != site.original_num_heads:
+                continue  # as given (HeadMask checks the values)
+            gone = [head for head, value in enumerate(values) if value != 0 and head not in site.heads]
+            if gone:
+                raise UserError(f"--mask: {str(mask)!r} keeps head {gone[0]} of site {name!r} (in the original "
+                                f"numbering: {len(values)} keep values), which {str(model)!r} no longer holds; use "
+                                f"it on the model it was made for, or a mask of the {site.num_heads} heads the site "
+                                f"holds now.")
+            sites[name] = [values[head] for head in site.heads]
+        data = {**data, "sites": sites}
+    try:
+        return HeadMask.from_dict(data, net)
+    except ValueError as err:
+        raise UserError(f"--mask: {str(mask)!r} does not fit {str(model)!r}: {err} A mask holds one keep value per "
+                        f"head a site holds now, or per original head (as the pruning callbacks write them).") \
+            from None
 
 
 def _copy_tokenizer(model: Path, target: Path) -> None:
@@ -139,7 +187,7 @@ def _copy_tokenizer(model: Path, target: Path) -> None:
 @app.command()
 def curve(
     model: Path = typer.Argument(..., help="A saved translation model directory (with its tokenizer)."),
-    data_dir: Path = typer.Option(..., help="Parallel-text directory."),
+    data_dir: Path = typer.Option(..., help=DATA_HELP),
     split: str = typer.Option("valid"),
     sentences: int = typer.Option(500, help="Evaluation sentences."),
     fractions: str = typer.Option("0,0.1,0.2,0.3,0.4,0.5,0.6,0.7,0.8,0.9", help="Comma-separated fractions."),
@@ -149,7 +197,10 @@ def curve(
     tokenizer: Optional[Path] = typer.Option(None, help=TOKENIZER_HELP),
     output: Optional[Path] = typer.Option(None),
 ):
-    """BLEU of the model with 0…90 % of its heads masked (importance or random order)."""
+    """BLEU of a saved translation model with 0…90 % of its heads masked (importance or random order).
+
+    Parallel text only (translation models): for another model and metric use the Python API,
+    `prunetrain.pruning_curve(model, metric, ...)`."""
     from prunetrain.methods.curve import ORDERS, Ranking, pruning_curve
     from prunetrain.mt.data import read_parallel
     from prunetrain.mt.metrics import bleu_metric
@@ -198,8 +249,13 @@ def bench(
         _check_positions(path, argument, lens)
     if output is not None:
         check_output_file(output, model_a=model_a, model_b=model_b)
-    result = run_bench(model_a, model_b, batch_sizes=sizes, seq_lens=lens, dtype=dtype, generate=modes or None,
-                       repeats=repeats, warmup=warmup, json_path=output)
+    import contextlib
+
+    from prunetrain.utils.write_errors import write_errors
+
+    with write_errors("--output", output) if output is not None else contextlib.nullcontext():  # a full disk: one line
+        result = run_bench(model_a, model_b, batch_sizes=sizes, seq_lens=lens, dtype=dtype,
+                           generate=modes or None, repeats=repeats, warmup=warmup, json_path=output)
     typer.echo(result.table())
 
 

@@ -44,10 +44,14 @@ def recipe(
 
     config = with_data_dir(config, data_dir)  # --data-dir is data.dir: recipe.yaml and results.json record it
     check_with_local_data(config)  # what the run checks against its data, where the data is here already
+    from prunetrain.mt.preflight import check_initial_architecture
+
+    check_initial_architecture(config)  # init_layout's file and fit, init_heads: before --show or any write
     if show:
         typer.echo(recipe_to_yaml(config))
         return
     out = output or Path("checkpoints") / (config.name + ("-smoke" if smoke else ""))
+    output_paths.check_not_protected(out)  # never the current, home or root directory, whatever the flags
     run_kwargs = dict(data_dir=str(data_dir) if data_dir else None, resume=resume, overwrite=overwrite,
                       progress=progress_line)
     if config.kind == "l0-sweep":
@@ -58,7 +62,7 @@ def recipe(
             raise UserError(f"recipe: {config.name!r} is an l0-sweep recipe, which runs in one process; start it "
                             f"without torchrun (the translation recipes run under torchrun).")
 
-        with contextlib.redirect_stdout(sys.stderr):  # the Trainer prints its logs: stdout carries only the JSON
+        with output_paths.output_lock(out), contextlib.redirect_stdout(sys.stderr):  # one writer; stdout: JSON
             results = run_gate_sweep(config, out, **run_kwargs)
         summary = {"output": str(out), "full_bleu": results["full_bleu"], "minutes": round(results["minutes"], 2),
                    "runs": [{k: r[k] for k in ("label", "heads_kept", "kept_per_kind", "bleu")}
@@ -95,7 +99,7 @@ def compare(
 
     check_positive(bootstrap_samples=bootstrap_samples)
     output_paths.check_disjoint(output, {f"run {str(run)!r}": run for run in runs})  # never into or around a run
-    labels = [n.strip() for n in names.split(",")] if names else None
+    labels = [n.strip() for n in names.split(",")] if names is not None else None  # '' is refused, not ignored
     result = write_comparison(runs, output, labels, samples=bootstrap_samples)
     typer.echo(comparison_markdown(result), err=True)
     emit({"output": str(output), "arms": result["arms"], "equal_flops": result["equal_flops"],

@@ -103,17 +103,14 @@ def _finish(name: str, output: Path, result: dict, drop: tuple[str, ...]) -> Non
 
 def _read_ablation(path: Optional[Path]) -> Optional[dict]:
     """The ablation.json of `prunetrain study ablate` at `path` (None: none given)."""
-    import json
+    from prunetrain.utils.files import read_json
 
     if path is None:
         return None
     if not path.is_file():
         raise UserError(f"--ablation: {str(path)!r} is not a file.")
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as err:
-        raise UserError(f"--ablation: {str(path)!r} is not valid JSON ({err.__class__.__name__}).") from err
-    if not isinstance(data, dict) or data.get("study") != "ablate":
+    data = read_json(path, "--ablation", allow_nan=True)  # a key given twice is refused
+    if data.get("study") != "ablate":
         raise UserError(f"--ablation: {str(path)!r} is not the ablation.json of `prunetrain study ablate`.")
     return data
 

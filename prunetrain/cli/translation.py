@@ -13,6 +13,38 @@ from prunetrain.cli.common import (TOKENIZER_HELP, app, check_data_dir, check_ou
                                    load_model, load_tokenizer, translation_model_dir)
 
 
+MAX_LINE_BYTES = 1 << 20
+"""The longest input line `translate` reads (1 MiB): far beyond any sentence a translation model's positions hold."""
+MAX_INPUT_BYTES = 256 << 20
+"""The most input `translate` reads in one run (256 MiB): an endless stream is refused instead of filling memory."""
+
+
+def read_input_lines(stream, name: str) -> list[str]:
+    """The lines of a binary `stream` (split at `\\n` only, as `prunetrain.mt.data.split_lines`), read line by line
+    and bounded: a line longer than `MAX_LINE_BYTES`, a NUL byte (binary input such as /dev/zero) or more than
+    `MAX_INPUT_BYTES` in all is refused as soon as it is read, naming the line."""
+    from prunetrain.mt.data import decode_utf8, split_lines
+
+    chunks, total = [], 0
+    while True:
+        raw = stream.readline(MAX_LINE_BYTES + 1)
+        if not raw:
+            break
+        number = len(chunks) + 1
+        if b"\0" in raw:
+            raise ValueError(f"{name}: line {number} holds a NUL byte; the input is binary, not text with one "
+                             f"sentence per line.")
+        if len(raw) > MAX_LINE_BYTES and not raw.endswith(b"\n"):
+            raise ValueError(f"{name}: line {number} is longer than {MAX_LINE_BYTES} bytes; give one sentence per "
+                             f"line.")
+        total += len(raw)
+        if total > MAX_INPUT_BYTES:
+            raise ValueError(f"{name}: more than {MAX_INPUT_BYTES >> 20} MiB of input (at line {number}); translate "
+                             f"it in parts.")
+        chunks.append(raw)
+    return split_lines(decode_utf8(b"".join(chunks), name))
+
+
 @app.command()
 def evaluate(
     model: Path = typer.Argument(..., help="A saved full or pruned model directory (with its tokenizer)."),
@@ -51,7 +83,7 @@ def translate(
 ):
     """Translate a file line by line: line i of the output is the translation of line i of the input (lines end at
     `\\n` only; a line break inside a translation becomes a space)."""
-    from prunetrain.mt.data import decode_utf8, format_lines, read_lines, split_lines, write_lines
+    from prunetrain.mt.data import format_lines, write_lines
     from prunetrain.mt.translation import translate as run_translate
 
     check_positive(beams=beams, batch_size=batch_size)
@@ -59,9 +91,12 @@ def translate(
     if output is not None:
         check_output_file(output, model=model, input=input, tokenizer=tokenizer)
     if str(input) == "-":
-        lines = split_lines(decode_utf8(sys.stdin.buffer.read(), "--input: stdin"))
+        lines = read_input_lines(sys.stdin.buffer, "--input: stdin")
     else:
-        lines = read_lines(input, argument="--input")
+        from prunetrain.utils.files import check_regular_file
+
+        with open(check_regular_file(input, "--input"), "rb") as stream:  # not a FIFO or device such as /dev/zero
+            lines = read_input_lines(stream, f"--input: {input}")
     tok = load_tokenizer(model, tokenizer)
     hypotheses = []
     if lines:
@@ -72,4 +107,7 @@ def translate(
         sys.stdout.write(format_lines(hypotheses))
         sys.stdout.flush()
     else:
-        write_lines(output, hypotheses)
+        from prunetrain.utils.write_errors import write_errors
+
+        with write_errors("--output", output):  # a full or read-only disk: one line naming --output
+            write_lines(output, hypotheses)

@@ -15,6 +15,7 @@ from typing import Iterator
 from torch import nn
 
 from prunetrain.engine import registry
+from prunetrain.engine.peft_support import is_peft_wrapper, peft_inner
 
 KINDS = ("encoder_self", "decoder_self", "cross", "self")
 """Attention kinds: encoder self-attention, decoder self-attention, decoder→encoder (cross) attention, and `self`
@@ -138,9 +139,12 @@ def _preview(names: list[str], limit: int = 4) -> str:
 
 
 def unwrap_model(model: nn.Module) -> nn.Module:
-    """The transformers model inside DDP / FSDP / accelerate wrappers (anything with `.module` and no `.config`)."""
-    while not hasattr(model, "config") and isinstance(getattr(model, "module", None), nn.Module):
-        model = model.module
+    """The transformers model inside DDP / FSDP / accelerate wrappers (anything with `.module` and no `.config`) and
+    peft's `PeftModel` (its base model, so sites are named as in the base architecture:
+    `prunetrain.engine.peft_support`)."""
+    while (not hasattr(model, "config") and isinstance(getattr(model, "module", None), nn.Module)) \
+            or is_peft_wrapper(model):
+        model = peft_inner(model) if is_peft_wrapper(model) else model.module
     return model
 
 

@@ -24,6 +24,7 @@ import torch
 from torch import nn
 
 from prunetrain.engine.heads import AttentionSite, HeadLayout, attention_sites, find_heads, unwrap_model
+from prunetrain.engine.peft_support import PlacedHook, module_slots, out_of_place, place_hook
 from prunetrain.engine.remote_code import adopt_loaded_masks, set_mask_recorder, unwatch_config, watch_config
 
 
@@ -33,16 +34,16 @@ def scale_heads(x: torch.Tensor, values: torch.Tensor, head_dim: int) -> torch.T
     return (x.unflatten(-1, (-1, head_dim)) * values[:, None]).flatten(-2)  # [..., H, d] -> [..., H * d]
 
 
-class _HeadScale:
-    """Forward pre-hook: multiply head h's slice of the output projection's input by keep[h]."""
+class _HeadScale(PlacedHook):
+    """Forward pre-hook: multiply head h's slice of the output projection's input by keep[h] (placed so that it
+    survives a peft merge: `prunetrain.engine.peft_support.place_hook`)."""
 
     def __init__(self, keep: torch.Tensor, head_dim: int):
         self.keep = keep
         self.head_dim = head_dim
 
-    def __call__(self, module: nn.Module, args: tuple):
-        (x, *rest) = args
-        return (scale_heads(x, self.keep, self.head_dim), *rest)
+    def scale(self, x: torch.Tensor) -> torch.Tensor:
+        return scale_heads(x, self.keep, self.head_dim)
 
 
 class HeadMask:
@@ -59,6 +60,7 @@ class HeadMask:
             s.name: torch.ones(s.num_heads, dtype=torch.float32) for s in layout
         }
         self._handles: list = []
+        self._placed: list = []  # (hook, module) per registered hook, to see a projection replaced since
         self._model_ref: nn.Module | None = None
         self._owner: object | None = None
         for name, keep in (values or {}).items():
@@ -196,19 +198,24 @@ class HeadMask:
                           f"both apply (their product), so heads are pruned by each. Use one pruning callback per "
                           f"model.", UserWarning, stacklevel=2)
         self._owner = owner
-        for site in sites:
-            hook = _HeadScale(self._values[site.info.name], site.info.head_dim)
-            self._handles.append(site.out_proj.register_forward_pre_hook(hook))
+        self._register(sites, module_slots(model))
         self._model_ref = model
         _attached_masks(model).append(self)
         _watch(model)  # every save of the model now records this mask (prunetrain.engine.remote_code)
         return self
 
+    def _register(self, sites: list[AttentionSite], slots: dict) -> None:
+        for site in sites:
+            hook = _HeadScale(self._values[site.info.name], site.info.head_dim)
+            for placed, module, handle in place_hook(hook, site.out_proj, slots):
+                self._handles.append(handle)
+                self._placed.append((placed, module))
+
     def detach(self) -> None:
         """Remove every hook this mask added; the model is exactly as before `attach`."""
         for handle in self._handles:
             handle.remove()
-        self._handles = []
+        self._handles, self._placed = [], []
         model, self._model_ref = self._model_ref, None
         if model is not None:
             masks = _attached_masks(model)
@@ -358,7 +365,22 @@ def _attached_masks(model: nn.Module) -> list:
     model = unwrap_model(model)
     if LOADED_HOOKS_ATTR in vars(model):  # masks the modeling file of a pruned directory attached while loading
         _adopt_loaded_hooks(model)
-    return _ATTACHED.setdefault(model, [])
+    masks = _ATTACHED.setdefault(model, [])
+    if any(out_of_place(getattr(mask, "_placed", [])) for mask in masks):
+        _move_onto_replaced_projections(model, masks)
+    return masks
+
+
+def _move_onto_replaced_projections(model: nn.Module, masks: list) -> None:
+    """Output projections replaced since the masks were attached (peft's `get_peft_model` wraps them): the masks'
+    hooks are registered again on the projections now in place, in the same order, so each mask covers the new
+    layers' whole input (adapter included)."""
+    sites, slots = attention_sites(model), module_slots(model)
+    for mask in masks:
+        for handle in mask._handles:
+            handle.remove()
+        mask._handles, mask._placed = [], []
+        mask._register(sites, slots)
 
 
 def stray_mask_hooks(model: nn.Module) -> list[str]:

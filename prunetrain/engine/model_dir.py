@@ -1,14 +1,16 @@
 """Saved model directories: checked file by file first, then loaded by the one loader every part of prunetrain uses.
 
 `check_model_dir` reads every file a load would read and turns whatever is damaged or foreign into one `ValueError`
-naming the file (and the field): a FIFO or device where a file should be; a config or layout that is not strict JSON
-or has fields of the wrong type; a Trainer checkpoint given as a model; pickle weights (never unpickled); and every
-`.safetensors` header parsed and checked completely before any tensor is read — the header an object of objects,
-each tensor's dtype known and its byte range exactly `numel × itemsize` (a dtype that lies), the ranges tiling the
-data without overlap or hole, and the file exactly as long as they say (truncated, or padded with trailing bytes).
+naming the file (and the field): a FIFO or device where a file should be; a config, layout or generation config that
+is not a strict JSON object or has fields of the wrong type; a Trainer checkpoint given as a model; pickle weights
+(never unpickled); and every `.safetensors` header parsed and checked completely before any tensor is read — the
+header an object of objects, each tensor's dtype known and its byte range exactly `numel × itemsize` (a dtype that
+lies), the ranges tiling the data without overlap or hole, and the file exactly as long as they say (truncated, or
+padded with trailing bytes).
 `load_model_dir` checks, loads (`load_pruned` for a prunetrain layout, else the Hugging Face class the config
-names), and refuses a model with a tensor missing from the weights (transformers would initialise it at random) or
-with parameters that are NaN or infinite.
+names, after checking that the config describes the weights: `prunetrain.engine.weight_shapes`), and refuses a model
+with a tensor missing from the weights (transformers would initialise it at random) or with parameters that are NaN
+or infinite.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from torch import nn
 from prunetrain.utils.files import check_regular_file, parse_json, read_json
 
 CONFIG_FILE = "config.json"
+GENERATION_FILE = "generation_config.json"
 INDEX_FILE = "model.safetensors.index.json"
 PICKLE_WEIGHTS = ("pytorch_model.bin", "model.bin", "pytorch_model.bin.index.json")
 TRAINER_STATE = "trainer_state.json"  # written by transformers' Trainer into every checkpoint-N directory
@@ -149,8 +152,9 @@ def _type_problem(key: str, value, default) -> str | None:
     if isinstance(default, bool):
         return None if isinstance(value, bool) else "expected true or false"
     if isinstance(default, int) and SIZE_FIELD.search(key):
-        ok = isinstance(value, int) and not isinstance(value, bool) and value >= 0
-        return None if ok else "expected a whole number >= 0"
+        least = min(0, default)  # a class whose default is -1 reads it as "unset" (DeBERTa's max_relative_positions)
+        ok = isinstance(value, int) and not isinstance(value, bool) and value >= least
+        return None if ok else f"expected a whole number >= {least}"
     if isinstance(default, int):
         return None if number or isinstance(value, list) else "expected a number"
     if isinstance(default, float):
@@ -225,10 +229,14 @@ def check_model_dir(path: str | os.PathLike, argument: str = "model") -> Path:
     from prunetrain.engine.persist import LAYOUT_FILE
 
     path = Path(path)
-    if not path.is_dir() or not (path / CONFIG_FILE).exists():
+    config = path / CONFIG_FILE
+    if not path.is_dir() or not (config.exists() or config.is_symlink()):  # a link loop is named by config_dict
         raise ValueError(f"{argument}: {str(path)!r} is not a saved model directory (no {CONFIG_FILE}).")
     check_trainer_checkpoint(path, argument)
     config_dict(path, argument)
+    generation = path / GENERATION_FILE
+    if generation.exists() or generation.is_symlink():  # else transformers skips a directory, fails on a list
+        read_json(generation, argument)
     if (path / LAYOUT_FILE).exists():
         _check_layout_file(path / LAYOUT_FILE, argument)
     weights = _weight_files(path, argument)
@@ -310,6 +318,30 @@ def check_finite(model: nn.Module, path: Path, argument: str) -> None:
                                  f"weights are damaged.")
 
 
+def _check_plain_shapes(path: Path, config, cls, argument: str) -> None:
+    """The config of a directory without a prunetrain layout describes its weights (`weight_shapes`): a config
+    stating more heads than the weights hold is refused, never loaded as a different model."""
+    from prunetrain.engine.weight_shapes import check_weight_shapes
+
+    headers: dict[str, dict] = {}
+    for file in _weight_files(path, argument):
+        headers.update(read_safetensors_header(file, argument))
+    check_weight_shapes(path, config, cls, headers, argument)
+
+
+def _from_pretrained(cls, path: Path, argument: str):
+    """`cls.from_pretrained(path)` with its loading info; transformers' size-mismatch report (a shape the check
+    above could not match by name) becomes one sentence."""
+    try:
+        return cls.from_pretrained(path, output_loading_info=True)
+    except RuntimeError as err:
+        if "mismatched" not in str(err) and "size mismatch" not in str(err):
+            raise
+        raise ValueError(f"{argument}: {str(path)!r} holds tensors whose shapes differ from what its config.json "
+                         f"gives them; the config does not describe these weights, so the model is refused.") \
+            from None
+
+
 def load_model_dir(path: str | os.PathLike, *, attn_implementation: str | None = None,
                    device: str | torch.device | None = None, argument: str = "model") -> nn.Module:
     """A saved model in eval mode, after `check_model_dir`: `prunetrain.load_pruned` when the directory holds a
@@ -339,7 +371,8 @@ def load_model_dir(path: str | os.PathLike, *, attn_implementation: str | None =
             config = transformers.AutoConfig.from_pretrained(path)
             names = getattr(config, "architectures", None) or []
             cls = getattr(transformers, names[0], None) if names else None
-            model, info = (cls or transformers.AutoModel).from_pretrained(path, output_loading_info=True)
+            _check_plain_shapes(path, config, cls, argument)
+            model, info = _from_pretrained(cls or transformers.AutoModel, path, argument)
             missing = sorted(map(str, info.get("missing_keys") or []))
             if missing:
                 raise ValueError(f"{argument}: {str(path)!r} lacks tensor {missing[0]!r} ({len(missing)} missing); "

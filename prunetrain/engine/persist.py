@@ -18,16 +18,19 @@ from __future__ import annotations
 import copy
 import json
 import os
+from collections.abc import Mapping
 from pathlib import Path
 
 import torch
 from torch import nn
 
 from prunetrain.engine.heads import LAYOUT_CONFIG_KEY, HeadLayout, find_heads, layout_record, unwrap_model
+from prunetrain.engine.peft_support import merged_weights
 from prunetrain.engine.mask import HeadMask, attach_saved_masks
 from prunetrain.engine.remote_code import LAYOUT_FILE, PORTABLE_ATTENTION, SPEC_KEY, mark_pruned, running_attention
 from prunetrain.engine.shrink import shrink
-from prunetrain.utils.output_paths import replace_directory, staging_directory
+from prunetrain.utils.files import read_json
+from prunetrain.utils.output_paths import check_output_dir, output_lock, replace_directory, staging_directory
 from prunetrain.utils.validate import check_choice
 
 
@@ -39,10 +42,14 @@ def save_pruned(model: nn.Module, path: str | os.PathLike, overwrite: bool = Fal
     trust_remote_code=True)` loads it where prunetrain is not installed, and a plain `from_pretrained` refuses it
     (see `prunetrain.engine.remote_code`). The directory is written next to its destination and renamed into
     place, so a failure leaves nothing half-written. An existing non-empty `path` is an error unless
-    `overwrite=True`.
+    `overwrite=True`, which replaces only what the CLI's `--overwrite` replaces (an empty directory or one prunetrain
+    wrote; never the current, home or root directory: `prunetrain.utils.output_paths.check_output_dir`); another
+    process writing `path` at the same time is refused (`output_lock`).
 
     Args:
-        model: the model (a DDP/FSDP-style `.module` wrapper is unwrapped). Attached HeadMasks (and Hard-Concrete
+        model: the model (a DDP/FSDP-style `.module` wrapper or a peft `PeftModel` is unwrapped; LoRA adapters are
+            saved merged into the base architecture's weights, exactly what `merge_and_unload()` then a save writes,
+            the model itself left unmerged). Attached HeadMasks (and Hard-Concrete
             gates, as the model evaluates) that remove or scale heads are recorded with the whole weights, as every
             save of the model records them: `load_pruned` (and the modeling file) attach them again.
         path: the directory to write.
@@ -50,15 +57,15 @@ def save_pruned(model: nn.Module, path: str | os.PathLike, overwrite: bool = Fal
     """
     model = unwrap_model(model)
     path = Path(path)
-    if path.exists() and (not path.is_dir() or any(path.iterdir())) and not overwrite:
-        raise ValueError(f"path: {str(path)!r} already exists and is not empty; pass overwrite=True to replace it.")
-    mark_pruned(model)  # the record every save_pretrained of a shrunk model writes, taken from the model as it is now
-    with staging_directory(path) as staging:  # the old directory stays whole until the new one is complete
-        model.save_pretrained(staging)
-        attn = running_attention(model.config)
-        record = {**layout_record(model), "attn_implementation": attn}
-        (staging / LAYOUT_FILE).write_text(json.dumps(record, indent=1))
-        replace_directory(staging, path)  # rename aside, rename into place, remove the old (prunetrain.utils.output_paths)
+    with output_lock(path, flag="path"):  # one writer at a time; what `path` holds is checked under the lock
+        check_output_dir(path, overwrite=overwrite, flag="path", overwrite_flag="overwrite=True")
+        mark_pruned(model)  # the record every save_pretrained of a shrunk model writes, from the model as it is now
+        with staging_directory(path) as staging:  # the old directory stays whole until the new one is complete
+            model.save_pretrained(staging, **merged_weights(model))  # a peft model: as merge_and_unload() gives it
+            attn = running_attention(model.config)
+            record = {**layout_record(model), "attn_implementation": attn}
+            (staging / LAYOUT_FILE).write_text(json.dumps(record, indent=1))
+            replace_directory(staging, path)  # rename aside, into place, remove the old (prunetrain.utils.output_paths)
     return path
 
 
@@ -81,17 +88,19 @@ def shrink_to_layout(model: nn.Module, layout_or_config) -> HeadLayout:
     recorded = layout_or_config
     if isinstance(recorded, HeadLayout):
         recorded = {site.name: list(site.heads) for site in recorded}
-    elif recorded is not None and not isinstance(recorded, dict):
+    elif recorded is not None and not isinstance(recorded, Mapping) and hasattr(recorded, "to_dict"):  # a config
         recorded = getattr(recorded, LAYOUT_CONFIG_KEY, None)
-    elif isinstance(recorded, dict) and LAYOUT_CONFIG_KEY in recorded:
+    elif isinstance(recorded, Mapping) and LAYOUT_CONFIG_KEY in recorded:
         recorded = recorded[LAYOUT_CONFIG_KEY]
     layout = find_heads(net)
+    if recorded is not None and not isinstance(recorded, Mapping):
+        raise ValueError(f"layout: {recorded!r} is not a mapping {{site name: [original head indices kept]}}.")
     remove = {}
     for name, kept in (recorded or {}).items():
         if name not in layout:
             raise ValueError(f"layout: site {name!r} is not in this model; its sites are "
                              f"{', '.join(layout.names[:4])}, ...")
-        kept = {int(h) for h in kept}
+        kept = set(check_kept_heads(name, kept, layout[name].original_num_heads))
         missing = kept - set(layout[name].heads)
         if missing:
             raise ValueError(f"layout: site {name!r} keeps heads {sorted(missing)} that the model no longer has.")
@@ -99,6 +108,21 @@ def shrink_to_layout(model: nn.Module, layout_or_config) -> HeadLayout:
     if any(remove.values()):
         shrink(net, HeadMask.from_heads(net, remove))
     return find_heads(net)
+
+
+def check_kept_heads(site: str, kept, original_heads: int) -> list[int]:
+    """The original head indices a layout keeps at `site`: a list of ints (not bools, strings or floats) in
+    [0, original_heads), strictly increasing (each once, in the order shrinking keeps them), as layouts record them."""
+    if isinstance(kept, (str, bytes)) or not isinstance(kept, (list, tuple)):
+        raise ValueError(f"layout: site {site!r} keeps {kept!r}, which is not a list of head indices.")
+    for head in kept:
+        if isinstance(head, bool) or not isinstance(head, int) or not 0 <= head < original_heads:
+            raise ValueError(f"layout: site {site!r} keeps head {head!r}, which is not an index in "
+                             f"0..{original_heads - 1} (the site's original heads).")
+    if list(kept) != sorted(set(kept)):
+        raise ValueError(f"layout: site {site!r} keeps heads {list(kept)!r}; give each index once, in increasing "
+                         f"order.")
+    return list(kept)
 
 
 def load_pruned(
@@ -130,7 +154,7 @@ def load_pruned(
     if not (path / LAYOUT_FILE).is_file() or not (path / "config.json").is_file():
         raise ValueError(f"path: {str(path)!r} is not a pruned model directory (expected config.json and "
                          f"{LAYOUT_FILE}, as written by prunetrain.save_pruned).")
-    saved = json.loads((path / LAYOUT_FILE).read_text())
+    saved = read_json(path / LAYOUT_FILE, "path")  # strict: a key given twice is refused, not read as the last
     saved_layout = HeadLayout.from_dict(saved)
     if isinstance(saved.get("discovered"), dict):  # an adapter discovered when the model was pruned
         from prunetrain.engine.families.discovery import register_description
@@ -154,7 +178,7 @@ def load_pruned(
     if probe_layout.to_dict() != saved_layout.to_dict():
         raise ValueError(f"path: the head layout in {LAYOUT_FILE} does not match the one recorded in config.json.")
     _check_shapes(path, probe, _saved_shapes(path), saved_layout)
-    saved_masks = saved_masks_of(json.loads((path / "config.json").read_text()), probe, f"path: {str(path)!r}")
+    saved_masks = saved_masks_of(read_json(path / "config.json", "path"), probe, f"path: {str(path)!r}")
     del probe
 
     # transformers' own loader (it converts checkpoint key formats, e.g. fused MoE experts), on a class whose
@@ -265,7 +289,7 @@ def _saved_shapes(path: Path) -> dict[str, tuple[int, ...]]:
     files = [path / "model.safetensors"]
     index = path / "model.safetensors.index.json"
     if not files[0].exists() and index.exists():
-        files = [path / f for f in sorted(set(json.loads(index.read_text())["weight_map"].values()))]
+        files = [path / f for f in sorted(set(read_json(index, "path")["weight_map"].values()))]
     if not files[0].exists():
         raise ValueError(f"path: {str(path)!r} has no model.safetensors (or safetensors index); it is not a model "
                          f"saved by prunetrain.save_pruned.")
@@ -290,12 +314,7 @@ def read_config(path: str | os.PathLike):
     from prunetrain.engine.remote_code import is_guarded, plain_config_dict
 
     path = Path(path)
-    try:
-        data = json.loads((path / "config.json").read_text())
-    except json.JSONDecodeError as err:
-        raise ValueError(f"path: {str(path / 'config.json')!r} is not JSON ({err.msg}, line {err.lineno}).") from None
-    if not isinstance(data, dict):
-        raise ValueError(f"path: {str(path / 'config.json')!r} is not a JSON object.")
+    data = read_json(path / "config.json", "path")  # strict JSON object: a key given twice is refused
     if not is_guarded(data):
         return AutoConfig.from_pretrained(path)
     data = plain_config_dict(data)

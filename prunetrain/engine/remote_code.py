@@ -39,6 +39,8 @@ import torch
 from torch import nn
 
 from prunetrain.engine.heads import LAYOUT_CONFIG_KEY, attention_sites, layout_record, unwrap_model
+from prunetrain.engine.peft_support import base_view
+from prunetrain.engine.own_config import own_config
 
 MODELING_FILE = "modeling_prunetrain.py"
 LAYOUT_FILE = "prunetrain_layout.json"
@@ -118,7 +120,7 @@ def remote_spec(model: nn.Module) -> dict:
     reference = dict(fresh_model(model).named_modules())
     sites = {s.info.name: s for s in attention_sites(model)}
     spec: dict = {"params": {}, "attrs": {}, "classes": {}, "bias_select": {}, "headless_cache": {}}
-    for path, module in model.named_modules():
+    for path, module in base_view(model):  # peft tuner layers read as the base layers a merge leaves
         ref = reference.get(path)
         if ref is None:
             raise ValueError(f"model: module {path!r} is not in the architecture its config describes; it cannot be "
@@ -258,6 +260,7 @@ def watch_config(model: nn.Module) -> None:
     form, whose every save records them (`PrunedConfigWriter`). Configs that are not transformers configs are left."""
     from transformers import PreTrainedConfig
 
+    own_config(unwrap_model(model))  # copy-on-write: another model built from the same config keeps it unchanged
     config = getattr(unwrap_model(model), "config", None)
     if isinstance(config, PreTrainedConfig):
         config.__class__ = pruned_config_class(type(config))

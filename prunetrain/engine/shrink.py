@@ -17,9 +17,11 @@ from typing import Literal
 import torch
 from torch import nn
 
+from prunetrain.engine import peft_support
 from prunetrain.engine.heads import LAYOUT_CONFIG_KEY, AttentionSite, HeadLayout, attention_sites, find_heads, unwrap_model
 from prunetrain.engine.kv_cache import track_headless_cache
 from prunetrain.engine.mask import HeadMask, attached_masks, stray_mask_hooks
+from prunetrain.engine.own_config import own_config
 from prunetrain.engine.remote_code import mark_pruned
 from prunetrain.engine.sharded import ShardedEditor, is_sharded
 
@@ -102,7 +104,7 @@ def _fold_scale(site: AttentionSite, keep: torch.Tensor, positions: torch.Tensor
         return
     per_feature = keep.repeat_interleave(site.info.head_dim)  # [H * d]
     # nn.Linear weight [out, in]: the heads are columns (dim 1); transformers Conv1D weight [in, out]: rows (dim 0)
-    editor.scale(site.out_proj.weight, 1 if isinstance(site.out_proj, nn.Linear) else 0, per_feature)
+    editor.scale(site.out_proj.weight, peft_support.weight_axis_of_inputs(site.out_proj), per_feature)
 
 
 def shrink(
@@ -133,7 +135,8 @@ def shrink(
         raise ValueError(f"gqa_rounding: {gqa_rounding!r} is not one of {', '.join(map(repr, GQA_ROUNDING))}.")
     if not isinstance(mask, HeadMask):
         raise TypeError(f"mask: expected a prunetrain.HeadMask, got {type(mask).__name__}.")
-    model = unwrap_model(model)
+    peft_support.refuse_prompt_learning(model)
+    model = unwrap_model(model)  # a PeftModel: its base model, adapters sliced with it (engine.peft_support)
     sites = attention_sites(model)
     mask.check_matches(sites)
     others = [m for m in attached_masks(model) if m is not mask]
@@ -148,18 +151,20 @@ def shrink(
     select = _OptimizerSlicer(optimizer)
     if is_sharded(model):  # sharded parameters: gathered, edited and sharded again, site by site
         select = ShardedEditor(model, select.optimizer, select)
+    select = peft_support.adapter_aware(model, select)
     keeps = {site.info.name: mask[site.info.name].detach().clone() for site in sites}
     _refuse_second_fold(model, keeps)
     plans = [(site, _keep_positions(site, keeps[site.info.name], gqa_rounding)) for site in sites]
     for site, positions in plans:
         changes = len(positions) != site.info.num_heads or not bool((keeps[site.info.name] == 1).all())
-        reason = site.adapter.shrink_refusal(site) if changes else None
+        reason = (site.adapter.shrink_refusal(site) or peft_support.shrink_refusal(site)) if changes else None
         if reason:
             raise ValueError(f"model: shrink of site {site.info.name!r} is refused: {reason} Masks and importance "
                              f"work on this model; keep the mask attached instead of shrinking.")
     if mask.attached:
         mask.detach()
 
+    own_config(model)  # copy-on-write: another model built from the same config object keeps it unchanged
     layout_record = dict(getattr(model.config, LAYOUT_CONFIG_KEY, None) or {})
     for site, positions in plans:
         _fold_scale(site, keeps[site.info.name], positions, select)

@@ -5,20 +5,22 @@
 - `uniform`: a standard config with fewer heads, when every site keeps the same number (`uniform`);
 - `padded`: the original shapes with removed heads as zero weights: exact, no speed-up (`padded`);
 - `onnx`: ONNX graphs checked with ONNX Runtime, KV-cache graphs for generation (`onnx`);
-- `gguf`: llama.cpp's GGUF with per-layer head counts for the Llama family, checked in llama.cpp (`gguf`).
+- `gguf`: llama.cpp's GGUF with per-layer head counts for the Llama family, checked in llama.cpp (`gguf`);
+- `ctranslate2`: CTranslate2 for Marian translation models, padded per stack, checked in CTranslate2 (`ctranslate2`).
 
 `formats.export(source, destination, format)` writes any of them (checked against the model first, staged and
 renamed into place); `formats.check_formats(source)` says which formats can hold a model and why not the others.
 """
 
-FORMATS = ("remote-code", "uniform", "padded", "onnx", "gguf")
+FORMATS = ("remote-code", "uniform", "padded", "onnx", "gguf", "ctranslate2")
 
 
-def export(source, destination, format: str, overwrite: bool = False, gguf_type: str | None = None) -> dict:
+def export(source, destination, format: str, overwrite: bool = False, gguf_type: str | None = None,
+           quantization: str | None = None) -> dict:
     """See `prunetrain.export.formats.export`."""
     from prunetrain.export.formats import export as _export
 
-    return _export(source, destination, format, overwrite=overwrite, gguf_type=gguf_type)
+    return _export(source, destination, format, overwrite=overwrite, gguf_type=gguf_type, quantization=quantization)
 
 
 def check_formats(source) -> dict:

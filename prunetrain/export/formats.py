@@ -16,10 +16,13 @@ from pathlib import Path
 from torch import nn
 
 from prunetrain.engine.heads import find_heads, unwrap_model
-from prunetrain.utils.output_paths import replace_directory, staging_directory
+from prunetrain.engine.peft_support import has_tuner_layers
+from prunetrain.utils.extras import packages_missing
+from prunetrain.utils.output_paths import check_output_dir, output_lock, replace_directory, staging_directory
 from prunetrain.utils.validate import check_choice
+from prunetrain.utils.write_errors import write_failure
 
-FORMATS = ("remote-code", "uniform", "padded", "onnx", "gguf")
+FORMATS = ("remote-code", "uniform", "padded", "onnx", "gguf", "ctranslate2")
 MODEL_FILES = ("config.json", "generation_config.json", "prunetrain_layout.json", "modeling_prunetrain.py")
 TOLERANCE = {"remote-code": 0.0, "uniform": 0.0, "padded": 1e-5}
 
@@ -27,6 +30,9 @@ TOLERANCE = {"remote-code": 0.0, "uniform": 0.0, "padded": 1e-5}
 def load_source(source: str | os.PathLike | nn.Module) -> nn.Module:
     """A model, or a saved directory loaded eagerly (`load_pruned` for a prunetrain layout, else its HF class)."""
     if isinstance(source, nn.Module):
+        if has_tuner_layers(unwrap_model(source)):  # the formats write the base architecture's weights
+            raise ValueError("source: the model holds peft adapter layers; export model.merge_and_unload() (or the "
+                             "directory prunetrain.save_pruned(model, dir) writes, merged) instead.")
         return unwrap_model(source).eval()
     from prunetrain.engine.model_dir import load_model_dir
 
@@ -61,21 +67,18 @@ def check_formats(source: str | os.PathLike | nn.Module) -> dict[str, str | None
         except ValueError as err:
             out[fmt] = str(err).removeprefix("format: ").removeprefix("model: ")
     out["padded"] = None
-    try:
-        import onnx  # noqa: F401
-        import onnxruntime  # noqa: F401
-
-        out["onnx"] = None
-    except ImportError:
-        out["onnx"] = "onnx and onnxruntime are not installed (pip install 'prunetrain[onnx]')."
+    out["onnx"] = packages_missing("onnx", "onnxruntime")
     from prunetrain.export.gguf import gguf_reason
 
     out["gguf"] = gguf_reason(model, source if isinstance(source, (str, os.PathLike)) else None)
+    from prunetrain.export.ctranslate2 import ctranslate2_reason
+
+    out["ctranslate2"] = ctranslate2_reason(model, source if isinstance(source, (str, os.PathLike)) else None)
     return out
 
 
 def export(source: str | os.PathLike | nn.Module, destination: str | os.PathLike, format: str,
-           overwrite: bool = False, gguf_type: str | None = None) -> dict:
+           overwrite: bool = False, gguf_type: str | None = None, quantization: str | None = None) -> dict:
     """Write `source` (a pruned model or directory) to `destination` in `format`; returns a summary dict.
 
     Args:
@@ -84,27 +87,47 @@ def export(source: str | os.PathLike | nn.Module, destination: str | os.PathLike
         format: one of `FORMATS`: "remote-code" (self-contained directory, `trust_remote_code=True`), "uniform"
             (standard config, every site the same heads), "padded" (original shapes, removed heads zero: exact, no
             speed-up), "onnx" (ONNX graphs checked with ONNX Runtime), "gguf" (llama.cpp, Llama family, checked
-            in llama.cpp; `max_abs_diff` is then relative to the largest logit).
-        overwrite: replace an existing non-empty `destination`.
+            in llama.cpp; `max_abs_diff` is then relative to the largest logit), "ctranslate2" (CTranslate2, Marian
+            translation models, padded per stack; `max_abs_diff` is on log-probabilities in the engine; the source
+            must be a directory that carries the tokenizer).
+        overwrite: replace an existing non-empty `destination` (only what the CLI's `--overwrite` replaces: an empty
+            directory or one prunetrain wrote, never the current, home or root directory).
         gguf_type: "f32" (default), "f16" or "q8_0", for format "gguf" only.
+        quantization: CTranslate2's weight type ("float32", the default and exact; "int8", ...), for format
+            "ctranslate2" only.
 
     Returns:
-        {"format", "destination", "files", "max_abs_diff", "heads"} (+ "gguf_type" for gguf).
+        {"format", "destination", "files", "max_abs_diff", "heads"} (+ "gguf_type" for gguf; + "quantization",
+        "max_abs_diff_quantized", "heads_kept", "heads_executed" for ctranslate2).
     """
     check_choice("format", format, FORMATS)
     if gguf_type is not None and format != "gguf":
         raise ValueError(f"gguf_type: {gguf_type!r} is only for format 'gguf', not {format!r}.")
+    if quantization is not None and format != "ctranslate2":
+        raise ValueError(f"quantization: {quantization!r} is only for format 'ctranslate2', not {format!r}.")
+    if format == "ctranslate2":
+        from prunetrain.export.ctranslate2 import QUANTIZATIONS
+
+        quantization = quantization or "float32"
+        check_choice("quantization", quantization, QUANTIZATIONS)
+        if missing := packages_missing("ctranslate2"):
+            raise ValueError(f"format: ctranslate2 is checked in CTranslate2; {missing}")
+    if format == "onnx" and (missing := packages_missing("onnx", "onnxruntime")):
+        raise ValueError(f"format: onnx is checked in ONNX Runtime; {missing}")
     if format == "gguf":
         from prunetrain.export.gguf import GGUF_TYPES
 
         gguf_type = gguf_type or "f32"
         check_choice("gguf_type", gguf_type, GGUF_TYPES)
     destination = Path(destination)
-    if destination.exists() and (not destination.is_dir() or any(destination.iterdir())) and not overwrite:
-        raise ValueError(f"destination: {str(destination)!r} already exists and is not empty; pass overwrite=True "
-                         f"(--overwrite) to replace it.")
-    if isinstance(source, (str, os.PathLike)) and Path(source).resolve() == destination.resolve():
-        raise ValueError(f"destination: {str(destination)!r} is the source directory; choose another one.")
+    with output_lock(destination, flag="destination"):  # one writer at a time, checked under the lock
+        check_output_dir(destination, overwrite=overwrite, flag="destination", overwrite_flag="overwrite=True "
+                         "(--overwrite)", inputs={"source": source} if isinstance(source, (str, os.PathLike)) else {})
+        return _export_locked(source, destination, format, gguf_type, quantization)
+
+
+def _export_locked(source, destination: Path, format: str, gguf_type: str | None, quantization: str | None) -> dict:
+    """`export` once `destination` is checked and locked."""
     model = load_source(source)
     from transformers.utils import logging as hf_logging
 
@@ -113,11 +136,20 @@ def export(source: str | os.PathLike | nn.Module, destination: str | os.PathLike
     try:  # staged beside the destination and removed at any error or signal; the old destination stays whole
         with staging_directory(destination) as staging:  # until the new one is complete (utils/output_paths.py)
             out = staging / "out"
+            tokenizer_dir = source if isinstance(source, (str, os.PathLike)) else None
+            extra: dict = {"gguf_type": gguf_type} if format == "gguf" else {}
             if format == "gguf":
                 from prunetrain.export.gguf import export_gguf
 
-                tokenizer_dir = source if isinstance(source, (str, os.PathLike)) else None
                 diff = export_gguf(model, out, gguf_type, tokenizer_dir)
+            elif format == "ctranslate2":
+                from prunetrain.export.ctranslate2 import export_ctranslate2, padding_report
+
+                diffs = export_ctranslate2(model, out, tokenizer_dir, quantization)
+                diff = diffs["max_abs_diff"]
+                report = padding_report(model)
+                extra = {"quantization": quantization, "max_abs_diff_quantized": diffs["max_abs_diff_quantized"],
+                         "heads_kept": report["heads_kept"], "heads_executed": report["heads_executed"]}
             else:
                 diff = _write(model, out, format)
             if isinstance(source, (str, os.PathLike)):
@@ -129,7 +161,7 @@ def export(source: str | os.PathLike | nn.Module, destination: str | os.PathLike
     summary = {"format": format, "destination": str(destination),
                "files": sorted(p.name for p in destination.iterdir()), "max_abs_diff": diff,
                "heads": find_heads(model).summary()}
-    return {**summary, "gguf_type": gguf_type} if format == "gguf" else summary
+    return {**summary, **extra}
 
 
 def _write(model: nn.Module, out: Path, fmt: str) -> float:
@@ -145,6 +177,8 @@ def _write(model: nn.Module, out: Path, fmt: str) -> float:
         except ValueError:
             raise
         except Exception as err:  # e.g. a family whose cache the KV-cache graph cannot rebuild: one line, no traceback
+            if write_failure(err, out) is not None:  # a full or read-only disk: named with the destination by the
+                raise  # caller's output_lock (prunetrain.utils.write_errors)
             first = (str(err).strip().splitlines() or [type(err).__name__])[0][:300]
             raise ValueError(f"format: {type(model).__name__} could not be exported to ONNX ({type(err).__name__}: "
                              f"{first}).") from err
@@ -207,6 +241,8 @@ def _copy_extras(source: Path, out: Path) -> None:
             else:
                 shutil.copy2(item, target)
         except (OSError, shutil.Error) as err:  # shutil.Error lists every failed file: name the first one
+            if write_failure(err, out) is not None:  # the export's disk, not the source, failed
+                raise
             first = err.args[0][0] if isinstance(err, shutil.Error) and err.args and err.args[0] else None
             why = f"{first[0]}: {first[2]}" if first else (err.strerror or type(err).__name__)
             raise ValueError(f"source: {str(item)!r} could not be copied into the export ({str(why)[:200]}).") \

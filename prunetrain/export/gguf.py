@@ -176,12 +176,13 @@ def write_gguf(model: nn.Module, path: str | Path, gguf_type: str = "f32", token
     """
     import gguf
 
-    from prunetrain.export.gguf_vocab import write_vocab
+    from prunetrain.export.gguf_vocab import read_vocab, write_vocab
 
     model = unwrap_model(model)
     plan = gguf_plan(model)
     config = model.config
     vocab_size = base_vocab = model.get_input_embeddings().weight.shape[0]
+    vocab = read_vocab(tokenizer_dir, base_vocab)  # checked entry by entry before the file is opened
     writer = gguf.GGUFWriter(str(path), arch=ARCH)
     writer.add_name(str(getattr(config, "_name_or_path", "") or "prunetrain export"))
     writer.add_context_length(plan.context_length)
@@ -196,7 +197,7 @@ def write_gguf(model: nn.Module, path: str | Path, gguf_type: str = "f32", token
     writer.add_rope_freq_base(plan.rope_theta)
     writer.add_layer_norm_rms_eps(plan.rms_norm_eps)
     writer.add_file_type(FILE_TYPE[gguf_type])
-    tokenizer = write_vocab(writer, tokenizer_dir, config, base_vocab)
+    tokenizer = write_vocab(writer, vocab, config, base_vocab)
     for name, tensor in gguf_tensors(model, plan).items():
         array = np.ascontiguousarray(tensor.detach().float().cpu().numpy())
         if gguf_type == "q8_0" and array.ndim == 2 and array.shape[1] % 32 == 0:
@@ -254,12 +255,14 @@ def check_gguf(model: nn.Module, path: str | Path, gguf_type: str, threads: int 
 def export_gguf(model: nn.Module, out: Path, gguf_type: str = "f32", tokenizer_dir: str | Path | None = None
                 ) -> float:
     """Write `out/model.gguf` and check it in llama.cpp; returns the relative max |Δ| of the logits."""
+    from prunetrain.export.gguf_vocab import read_vocab
     from prunetrain.export.llama_cpp import llama_cpp_missing
 
+    gguf_plan(model)  # refuse before anything is written: the model, then its tokenizer, then the environment
+    read_vocab(tokenizer_dir, unwrap_model(model).get_input_embeddings().weight.shape[0])
     missing = llama_cpp_missing()
     if missing is not None:
         raise _refuse(f"export is checked in llama.cpp: {missing}")
-    gguf_plan(model)  # refuse before anything is written
     out.mkdir(parents=True, exist_ok=True)
     write_gguf(model, out / FILE_NAME, gguf_type, tokenizer_dir)
     return check_gguf(model, out / FILE_NAME, gguf_type)
@@ -268,17 +271,15 @@ def export_gguf(model: nn.Module, out: Path, gguf_type: str = "f32", tokenizer_d
 def gguf_reason(model: nn.Module, tokenizer_dir: str | Path | None = None) -> str | None:
     """None when `model` (with the tokenizer of `tokenizer_dir`) can be written as GGUF, else one sentence why not
     (for `check_formats`)."""
-    from prunetrain.export.gguf_vocab import find_tokenizer, has_other_tokenizer, read_bpe_vocab
+    from prunetrain.export.gguf_vocab import find_tokenizer, has_other_tokenizer, read_vocab
     from prunetrain.export.llama_cpp import llama_cpp_missing
 
     try:
         gguf_plan(model)
-        path = find_tokenizer(tokenizer_dir)
-        if path is not None:
-            read_bpe_vocab(path, unwrap_model(model).get_input_embeddings().weight.shape[0])
-        elif has_other_tokenizer(tokenizer_dir):
+        if find_tokenizer(tokenizer_dir) is None and has_other_tokenizer(tokenizer_dir):
             return (f"its tokenizer ({has_other_tokenizer(tokenizer_dir)}) is not a byte-level BPE tokenizer.json, "
                     f"the kind GGUF export writes.")
+        read_vocab(tokenizer_dir, unwrap_model(model).get_input_embeddings().weight.shape[0])
     except ValueError as err:
         return str(err).removeprefix("format: ").removeprefix("tokenizer: ")
     return llama_cpp_missing()

@@ -15,17 +15,11 @@ from pathlib import Path
 
 import numpy as np
 
-INSTALL_HINT = "bash scripts/install.sh --with-llama, or pip install gguf llama-cpp-python"
-
-
 def llama_cpp_missing() -> str | None:
     """None when `gguf` and `llama-cpp-python` import, else one sentence saying what to install."""
-    try:
-        import gguf  # noqa: F401
-        import llama_cpp  # noqa: F401
-    except ImportError as err:
-        return f"the gguf and llama-cpp-python packages are needed ({err.name} is missing: {INSTALL_HINT})."
-    return None
+    from prunetrain.utils.extras import packages_missing
+
+    return packages_missing("gguf", "llama_cpp")
 
 
 @contextlib.contextmanager

@@ -249,6 +249,7 @@ def export_onnx(model: nn.Module, directory: str | Path) -> list[str]:
                     module, args, str(directory / name), input_names=in_names, output_names=out_names,
                     dynamic_axes=axes, opset_version=OPSET, dynamo=False, do_constant_folding=True))
                 if error is not None:  # the exporter's own errors are long; one line names the graph
+                    _raise_write_failure(error, directory / name)  # a full or read-only disk: the OSError it was
                     raise ValueError(f"format: {type(model).__name__} could not be exported to ONNX ({name}: "
                                      f"{error}).")
             written.append(name)
@@ -324,6 +325,19 @@ def greedy_generate(directory: str | Path, input_ids: torch.Tensor, attention_ma
                     max_new_tokens: int, decoder_start_token_id: int | None = None, threads: int = 1) -> torch.Tensor:
     """`OrtGenerator(directory, threads).greedy(...)`: greedy decoding of an ONNX export with its KV cache."""
     return OrtGenerator(directory, threads).greedy(input_ids, attention_mask, max_new_tokens, decoder_start_token_id)
+
+
+def _raise_write_failure(error: str, path: Path) -> None:
+    """The child's error line of a failed write (`[Errno 28] No space left on device`) raised again as that
+    `OSError`, so the caller reports it as the output's (`prunetrain.utils.write_errors`)."""
+    import os
+    import re
+
+    from prunetrain.utils.write_errors import REASONS
+
+    found = re.search(r"\[Errno (\d+)\]", error)
+    if found and int(found.group(1)) in REASONS:  # the exporter writes only the graph file
+        raise OSError(int(found.group(1)), os.strerror(int(found.group(1))), str(path))
 
 
 def _run_isolated(fn) -> str | None:

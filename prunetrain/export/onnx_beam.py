@@ -21,6 +21,8 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from prunetrain.utils.validate import check_finite_float, check_int
+
 NEG = -1.0e9  # transformers' "impossible" score
 
 
@@ -53,46 +55,117 @@ class BeamSettings:
     @classmethod
     def from_generation_config(cls, config, **overrides) -> "BeamSettings":
         """Settings of a `transformers.GenerationConfig` (or dict) updated with `overrides` (generate's kwargs);
-        `ValueError` names a setting this beam search does not reproduce."""
+        `ValueError` names a setting this beam search does not reproduce, or a value `generate` would not take
+        (a bool or float as a count, a string as a token list, a negative token id, `early_stopping` other than
+        True / False / "never"). Token ids are checked against the vocabulary by `check_vocabulary`."""
+        from transformers import GenerationConfig
+
+        unknown = sorted(set(overrides) - set(GenerationConfig().to_dict()))
+        if unknown:  # a misspelt setting (num_beam=4) would otherwise be ignored; generate() refuses it too
+            raise ValueError(f"{unknown[0]}: not a generation setting (see transformers.GenerationConfig).")
         values = dict(config.to_dict() if hasattr(config, "to_dict") else config or {})
         values.update(overrides)
-        unsupported = {"do_sample": False, "num_return_sequences": 1, "num_beam_groups": 1, "diversity_penalty": 0.0,
-                       "repetition_penalty": 1.0, "encoder_repetition_penalty": 1.0, "no_repeat_ngram_size": 0,
-                       "encoder_no_repeat_ngram_size": 0, "temperature": 1.0, "sequence_bias": None,
-                       "begin_suppress_tokens": None, "renormalize_logits": False, "exponential_decay_length_penalty":
-                       None, "min_length": 0, "guidance_scale": None, "constraints": None, "force_words_ids": None}
-        for key, neutral in unsupported.items():
-            value = values.get(key, neutral)
-            if key == "temperature" and not values.get("do_sample"):
-                continue  # transformers ignores temperature without sampling
-            if key == "min_length" and value in (None, 0):
-                continue
-            if value not in (neutral, None) and not (isinstance(value, (list, dict)) and not value):
-                raise ValueError(f"{key}: {value!r} is not supported by the ONNX Runtime beam search (it reproduces "
-                                 f"suppress_tokens, single-token bad_words_ids, min_new_tokens, forced BOS/EOS, "
-                                 f"length_penalty and early_stopping).")
-        bad = []
-        for words in values.get("bad_words_ids") or []:
-            if len(words) != 1:
-                raise ValueError(f"bad_words_ids: {words!r} is a sequence of several tokens; the ONNX Runtime beam "
-                                 f"search bans single tokens only.")
-            bad.append(int(words[0]))
+        _check_unsupported(values)
         eos = values.get("eos_token_id")
-        eos = tuple(int(e) for e in (eos if isinstance(eos, (list, tuple)) else [eos] if eos is not None else []))
-        return cls(num_beams=int(values.get("num_beams") or 1), eos_token_ids=eos,
-                   pad_token_id=values.get("pad_token_id"), decoder_start_token_id=values.get("decoder_start_token_id"),
-                   length_penalty=float(_given(values, "length_penalty", 1.0)),
-                   early_stopping=_given(values, "early_stopping", False),
-                   rules=LogitRules(bad_tokens=tuple(bad),
-                                    suppress_tokens=tuple(int(t) for t in values.get("suppress_tokens") or []),
-                                    min_new_tokens=int(values.get("min_new_tokens") or 0),
-                                    forced_bos_token_id=values.get("forced_bos_token_id"),
-                                    forced_eos_token_id=values.get("forced_eos_token_id")))
+        return cls(num_beams=check_int("num_beams", _given(values, "num_beams", 1), 1),
+                   eos_token_ids=_token_ids("eos_token_id", [] if eos is None else eos if isinstance(eos, (list, tuple))
+                                            else [eos]),
+                   pad_token_id=_token_id("pad_token_id", values.get("pad_token_id")),
+                   decoder_start_token_id=_token_id("decoder_start_token_id", values.get("decoder_start_token_id")),
+                   length_penalty=check_finite_float("length_penalty", _given(values, "length_penalty", 1.0)),
+                   early_stopping=_early_stopping(_given(values, "early_stopping", False)),
+                   rules=LogitRules(bad_tokens=_bad_tokens(values.get("bad_words_ids")),
+                                    suppress_tokens=_token_ids("suppress_tokens", _given(values, "suppress_tokens", [])),
+                                    min_new_tokens=check_int("min_new_tokens", _given(values, "min_new_tokens", 0), 0),
+                                    forced_bos_token_id=_token_id("forced_bos_token_id",
+                                                                  values.get("forced_bos_token_id")),
+                                    forced_eos_token_id=_token_id("forced_eos_token_id",
+                                                                  values.get("forced_eos_token_id"))))
+
+    def check_vocabulary(self, vocab: int) -> None:
+        """Every token id of the settings lies in [0, vocab): one named out of range is refused before decoding."""
+        named = [("eos_token_id", self.eos_token_ids), ("pad_token_id", (self.pad_token_id,)),
+                 ("decoder_start_token_id", (self.decoder_start_token_id,)),
+                 ("bad_words_ids", self.rules.bad_tokens), ("suppress_tokens", self.rules.suppress_tokens),
+                 ("forced_bos_token_id", (self.rules.forced_bos_token_id,)),
+                 ("forced_eos_token_id", (self.rules.forced_eos_token_id,))]
+        for argument, ids in named:
+            for token in ids:
+                if token is not None and token >= vocab:
+                    raise ValueError(f"{argument}: {token} is not a token of this model; token ids lie in "
+                                     f"[0, {vocab}).")
+
+
+def _check_unsupported(values: dict) -> None:
+    """Refuse a generation setting that changes the scores in a way this beam search does not reproduce."""
+    unsupported = {"do_sample": False, "num_return_sequences": 1, "num_beam_groups": 1, "diversity_penalty": 0.0,
+                   "repetition_penalty": 1.0, "encoder_repetition_penalty": 1.0, "no_repeat_ngram_size": 0,
+                   "encoder_no_repeat_ngram_size": 0, "temperature": 1.0, "sequence_bias": None,
+                   "begin_suppress_tokens": None, "renormalize_logits": False, "exponential_decay_length_penalty":
+                   None, "min_length": 0, "guidance_scale": None, "constraints": None, "force_words_ids": None,
+                   "stop_strings": None, "watermarking_config": None, "dola_layers": None, "penalty_alpha": None,
+                   "max_time": None, "token_healing": False, "prompt_lookup_num_tokens": None,
+                   "assistant_early_exit": None}
+    for key, neutral in unsupported.items():
+        value = values.get(key, neutral)
+        if key == "temperature" and not values.get("do_sample"):
+            continue  # transformers ignores temperature without sampling
+        if key == "min_length" and value in (None, 0):
+            continue
+        if value not in (neutral, None) and not (isinstance(value, (list, dict)) and not value):
+            raise ValueError(f"{key}: {value!r} is not supported by the ONNX Runtime beam search (it reproduces "
+                             f"suppress_tokens, single-token bad_words_ids, min_new_tokens, forced BOS/EOS, "
+                             f"length_penalty and early_stopping).")
 
 
 def _given(values: dict, key: str, default):
     value = values.get(key)
     return default if value is None else value
+
+
+def _token_id(argument: str, value) -> int | None:
+    """None or a token id: an int >= 0 (not a bool, a float or a string)."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ValueError(f"{argument}: {value!r} is not a token id; expected an integer >= 0 (or None).")
+    return value
+
+
+def _token_ids(argument: str, values) -> tuple[int, ...]:
+    """A list of token ids (a string such as '12' is refused, not read digit by digit)."""
+    if isinstance(values, (str, bytes)) or not isinstance(values, (list, tuple)):
+        raise ValueError(f"{argument}: {values!r} is not a list of token ids; give e.g. [12, 40].")
+    for value in values:
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            raise ValueError(f"{argument}: {value!r} in {list(values)!r} is not a token id; expected integers >= 0.")
+    return tuple(values)
+
+
+def _bad_tokens(words_list) -> tuple[int, ...]:
+    """`bad_words_ids` as the single tokens it bans: a list of one-token lists (`[[4], [7]]`)."""
+    if words_list is None:
+        return ()
+    if isinstance(words_list, (str, bytes)) or not isinstance(words_list, (list, tuple)):
+        raise ValueError(f"bad_words_ids: {words_list!r} is not a list of token lists; give e.g. [[4], [7]].")
+    bad = []
+    for words in words_list:
+        if isinstance(words, (str, bytes)) or not isinstance(words, (list, tuple)):
+            raise ValueError(f"bad_words_ids: {words!r} is not a list of token ids; give e.g. [[4], [7]].")
+        if not words:
+            raise ValueError("bad_words_ids: [] bans nothing; give each banned token as a one-token list, e.g. [[4]].")
+        if len(words) != 1:
+            raise ValueError(f"bad_words_ids: {words!r} is a sequence of several tokens; the ONNX Runtime beam "
+                             f"search bans single tokens only.")
+        bad.extend(_token_ids("bad_words_ids", list(words)))
+    return tuple(bad)
+
+
+def _early_stopping(value) -> bool | str:
+    """transformers' `early_stopping`: True, False or "never" (not 1, not another string)."""
+    if isinstance(value, bool) or value == "never" and isinstance(value, str):
+        return value
+    raise ValueError(f"early_stopping: {value!r} is not allowed; expected True, False or 'never'.")
 
 
 def _process(log_probs: torch.Tensor, s: BeamSettings, generated: int, cur_len: int, max_length: int) -> torch.Tensor:
@@ -166,6 +239,9 @@ def beam_search(generator, input_ids: torch.Tensor, attention_mask: torch.Tensor
     """
     s, k = settings, settings.num_beams
     batch = input_ids.shape[0]
+    vocab = generator.decoder.get_outputs()[0].shape[-1]
+    if isinstance(vocab, int):
+        s.check_vocabulary(vocab)
     decoder = _OrtDecoder(generator, input_ids.numpy(), attention_mask.numpy(), k)
     if generator.encoder is not None:
         if s.decoder_start_token_id is None:
@@ -189,6 +265,7 @@ def beam_search(generator, input_ids: torch.Tensor, attention_mask: torch.Tensor
     running_beams = torch.full((batch, k, max_new_tokens), -1, dtype=torch.long)
     beam_indices = running_beams.clone()
     logits = decoder.step(np.repeat(prompt.numpy(), k, axis=0))
+    s.check_vocabulary(logits.shape[-1])
     while True:
         log_probs = _process(torch.log_softmax(logits, dim=-1), s, cur_len - prompt_len, cur_len, max_length)
         vocab = log_probs.shape[-1]
@@ -249,10 +326,10 @@ def beam_generate(directory, input_ids: torch.Tensor, attention_mask: torch.Tens
     from transformers import GenerationConfig
 
     from prunetrain.export.onnx import OrtGenerator
-    from prunetrain.utils.validate import check_int
 
     check_int("num_beams", num_beams, 1)
     check_int("max_new_tokens", max_new_tokens, 1)
+    check_int("threads", threads, 1)
     path = Path(directory) / "generation_config.json"
     config = GenerationConfig.from_pretrained(directory) if path.is_file() else GenerationConfig()
     settings = BeamSettings.from_generation_config(config, **generate_kwargs, num_beams=num_beams)

@@ -5,7 +5,10 @@
 - **head counts divisible by a tensor-parallel degree** t: every site keeps a number of key/value groups (query
   heads without GQA) that is a multiple of t, so the heads shard evenly over t devices (0 is allowed);
 - **the same number of heads in every layer of a kind**: every site of an attention kind keeps the same count,
-  so a uniform config (`prunetrain export --format uniform`) can describe the model.
+  so a uniform config (`prunetrain export --format uniform`) can describe the model;
+- **the same number of heads in every attention of a stack**: every encoder site keeps the same count, and every
+  decoder site (self- and cross-attention together) the same count: the one query-head count per stack that
+  CTranslate2 reads (`prunetrain export --format ctranslate2` then runs the model without padding).
 
 Counts move to the nearest allowed value (ties: fewer heads), and within a site the highest-scoring units stay
 (a unit is one head, or one key/value group whose score is the sum of its heads' scores, as in `select_heads`).
@@ -28,18 +31,22 @@ class ServingConstraints:
 
     Args:
         same_heads_per_kind: every site of an attention kind keeps the same number of heads.
+        same_heads_per_stack: every encoder site keeps the same number of heads, and every decoder site (self- and
+            cross-attention together) the same number (CTranslate2's layout); a decoder-only or encoder-only model
+            has one stack.
         whole_kv_groups: grouped-query attention keeps or removes whole key/value groups.
         heads_multiple_of: each site's key/value-group count (head count without GQA) is a multiple of this
             (a tensor-parallel degree; 1: no constraint).
     """
 
     same_heads_per_kind: bool = False
+    same_heads_per_stack: bool = False
     whole_kv_groups: bool = True
     heads_multiple_of: int = 1
 
     def __post_init__(self) -> None:
         check_int("heads_multiple_of", self.heads_multiple_of, 1)
-        for name in ("same_heads_per_kind", "whole_kv_groups"):
+        for name in ("same_heads_per_kind", "same_heads_per_stack", "whole_kv_groups"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"{name}: {getattr(self, name)!r} is not allowed; expected True or False.")
 
@@ -102,13 +109,11 @@ def apply_constraints(mask: HeadMask, scores=None, constraints: ServingConstrain
         counts[site.name] = float(kept.sum()) if whole else float((out[site.name] != 0).sum()) / site.group_size
         targets[site.name] = _nearest_allowed(counts[site.name], site.num_heads // site.group_size,
                                               constraints.heads_multiple_of)
-    if constraints.same_heads_per_kind:
-        for kind in layout.kinds:
-            sites = [s for s in layout if s.kind == kind]
-            units = min(s.num_heads // s.group_size for s in sites)
-            mean = sum(counts[s.name] for s in sites) / len(sites)
-            for s in sites:
-                targets[s.name] = _nearest_allowed(mean, units, constraints.heads_multiple_of)
+    for sites in _equal_groups(layout, constraints):
+        units = min(s.num_heads // s.group_size for s in sites)
+        mean = sum(counts[s.name] for s in sites) / len(sites)
+        for s in sites:
+            targets[s.name] = _nearest_allowed(mean, units, constraints.heads_multiple_of)
     for site in layout:
         kept = _kept_units(out, site)
         whole = constraints.whole_kv_groups or site.group_size == 1
@@ -120,7 +125,6 @@ def apply_constraints(mask: HeadMask, scores=None, constraints: ServingConstrain
 def satisfied(mask: HeadMask, constraints: ServingConstraints) -> list[str]:
     """The constraints `mask` breaks, one short sentence each (empty: all hold)."""
     problems = []
-    counts: dict[str, set[int]] = {}
     for site in mask.layout:
         alive = (mask[site.name] != 0).view(-1, site.group_size)
         if constraints.whole_kv_groups and bool((alive.any(1) & ~alive.all(1)).any()):
@@ -129,7 +133,26 @@ def satisfied(mask: HeadMask, constraints: ServingConstraints) -> list[str]:
         if units % constraints.heads_multiple_of:
             problems.append(f"site {site.name!r} keeps {units} key/value groups, not a multiple of "
                             f"{constraints.heads_multiple_of}")
-        counts.setdefault(site.kind, set()).add(int(alive.sum()))
-    if constraints.same_heads_per_kind:
-        problems += [f"{kind} sites keep different head counts {sorted(c)}" for kind, c in counts.items() if len(c) > 1]
+    for sites in _equal_groups(mask.layout, constraints):
+        kept = sorted({int((mask[s.name] != 0).sum()) for s in sites})
+        if len(kept) > 1:
+            kinds = " and ".join(sorted({s.kind for s in sites}))
+            problems.append(f"{kinds} sites keep different head counts {kept}")
     return problems
+
+
+STACK_OF_KIND = {"encoder_self": "encoder", "decoder_self": "decoder", "cross": "decoder", "self": "self"}
+"""The stack of each attention kind: the decoder's self- and cross-attention share one query-head count in
+CTranslate2."""
+
+
+def _equal_groups(layout, constraints: ServingConstraints) -> list[list]:
+    """The groups of sites that must keep equal head counts (a stack's sites, else a kind's, else none)."""
+    key = (STACK_OF_KIND.get if constraints.same_heads_per_stack
+           else (lambda kind: kind) if constraints.same_heads_per_kind else None)
+    if key is None:
+        return []
+    groups: dict[str, list] = {}
+    for site in layout:
+        groups.setdefault(key(site.kind), []).append(site)
+    return list(groups.values())

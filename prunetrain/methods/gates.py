@@ -34,6 +34,7 @@ from torch import nn
 
 from prunetrain.engine.heads import KINDS, HeadLayout, attention_sites, find_heads, unwrap_model
 from prunetrain.engine.mask import HeadMask, register_scaler, scale_heads, unregister_scaler
+from prunetrain.engine.peft_support import PlacedHook, module_slots, place_hook
 from prunetrain.utils.device import device_of
 from prunetrain.utils.validate import check_kinds
 
@@ -237,9 +238,10 @@ class HardConcreteGates(nn.Module):
         sites = {s.info.name: s for s in attention_sites(model)}
         HeadMask(self.layout).check_matches(list(sites.values()))
         self._handles.append(model.register_forward_pre_hook(self._resample))
+        slots = module_slots(model)
         for name in self.site_names:
             hook = _GateHook(self, name, sites[name].info.head_dim)
-            self._handles.append(sites[name].out_proj.register_forward_pre_hook(hook))
+            self._handles += [handle for _, _, handle in place_hook(hook, sites[name].out_proj, slots)]
         self._model_refs = [weakref.ref(model)]
         register_scaler(model, self)  # every save of the model records the gates as it evaluates (`saved_keep`)
         return self
@@ -272,15 +274,15 @@ class HardConcreteGates(nn.Module):
         return self._current[name]
 
 
-class _GateHook:
-    """Forward pre-hook on an output projection: multiply head h's slice by the current gate value."""
+class _GateHook(PlacedHook):
+    """Forward pre-hook on an output projection: multiply head h's slice by the current gate value (placed so that
+    it survives a peft merge: `prunetrain.engine.peft_support.place_hook`)."""
 
     def __init__(self, gates: HardConcreteGates, name: str, head_dim: int):
         self.gates, self.name, self.head_dim = gates, name, head_dim
 
-    def __call__(self, module: nn.Module, args: tuple):
-        (x, *rest) = args
-        return (scale_heads(x, self.gates.current(self.name), self.head_dim), *rest)
+    def scale(self, x: torch.Tensor) -> torch.Tensor:
+        return scale_heads(x, self.gates.current(self.name), self.head_dim)
 
 
 def gates_for(model: nn.Module, kinds: Iterable[str] | None = None, **kwargs) -> HardConcreteGates:

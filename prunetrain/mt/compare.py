@@ -27,6 +27,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from prunetrain.mt.compare_arms import cell
+
 
 def load_run(path: str | Path) -> dict:
     """`results.json` of a finished recipe run directory (one clear line when it is not one)."""
@@ -44,7 +46,65 @@ def load_run(path: str | Path) -> dict:
     if not isinstance(records, list) or not all(isinstance(r, dict) for r in records):
         raise ValueError(f"run: {str(results)!r} field 'bleu_over_training' is not a list of records; the file is "
                          f"damaged.")
+    check_results_fields(results, data)
     return data
+
+
+_NUMBER = (int, float)
+_RECORD_FIELDS = {"step": int, "step_seconds": _NUMBER, "bleu": _NUMBER, "heads": int}
+_STRETCH_FIELDS = {"from_step": int, "to_step": int, "heads": int}
+_EVENT_FIELDS = {"step": int, "per_kind_before": dict, "per_kind_after": dict}
+_OPTIONAL_NUMBERS = ("steps", "train_step_minutes", "train_minutes", "total_minutes", "parameters_final", "train_flops",
+                     "resumed_from_step", "test_pruned.chrf", "test_pruned.sentences_per_second",
+                     "bleu_over_training[].flops", "bleu_over_training[].flops_target", "step_rate[].steps_per_second")
+
+
+def check_results_fields(results: Path, data: dict) -> None:
+    """Every field of `results.json` the comparison reads is there with its type, else one line naming the file
+    and the field (never a bare key name from deep inside the comparison)."""
+    def fail(field: str, what: str):
+        raise ValueError(f"run: {str(results)!r} field {field!r} {what}; the file is damaged or not the results.json "
+                         f"of a finished recipe run.")
+
+    def check(field: str, value, kind) -> None:
+        if isinstance(value, bool) or not isinstance(value, kind):
+            names = "a number" if kind is _NUMBER else {int: "an integer", dict: "an object"}[kind]
+            fail(field, "is missing" if value is None else f"is {value!r}, not {names}")
+
+    if not data["bleu_over_training"]:
+        fail("bleu_over_training", "holds no record")
+    check("test_pruned", data.get("test_pruned"), dict)
+    check("test_pruned.bleu", data["test_pruned"].get("bleu"), _NUMBER)
+    check("heads_kept", data.get("heads_kept"), int)
+    for index, record in enumerate(data["bleu_over_training"]):
+        for field, kind in _RECORD_FIELDS.items():
+            check(f"bleu_over_training[{index}].{field}", record.get(field), kind)
+    for name, fields in (("step_rate", _STRETCH_FIELDS), ("pruning_events", _EVENT_FIELDS)):
+        entries = data.get(name) or []
+        if not isinstance(entries, list) or not all(isinstance(e, dict) for e in entries):
+            fail(name, "is not a list of records")
+        for index, entry in enumerate(entries):
+            for field, kind in fields.items():
+                check(f"{name}[{index}].{field}", entry.get(field), kind)
+    for name in ("recipe", "kept_per_kind"):
+        if data.get(name) is not None and not isinstance(data[name], dict):
+            fail(name, f"is {data[name]!r}, not an object")
+    for field in _OPTIONAL_NUMBERS:  # None or a number
+        parent, _, key = field.rpartition(".")
+        for prefix, holder in _holders(data, parent):
+            value = holder.get(key)
+            if value is not None and (isinstance(value, bool) or not isinstance(value, _NUMBER)):
+                fail(prefix + key, f"is {value!r}, not a number")
+
+
+def _holders(data: dict, parent: str) -> list[tuple[str, dict]]:
+    """(field prefix, object) of `parent`: "" the file itself, "x" one object, "x[]" every record of a list."""
+    if not parent:
+        return [("", data)]
+    if parent.endswith("[]"):
+        name = parent[:-2]
+        return [(f"{name}[{index}].", entry) for index, entry in enumerate(data.get(name) or [])]
+    return [(f"{parent}.", data[parent])]
 
 
 def bleu_at_time(records: list[dict], seconds: float) -> dict:
@@ -134,7 +194,7 @@ def compare_runs(runs: dict[str, dict]) -> dict:
 def comparison_markdown(comparison: dict) -> str:
     from prunetrain.mt.compare_arms import arms_markdown
 
-    ref = comparison["reference"]
+    ref = cell(comparison["reference"])
     lines = ["# Runs side by side", ""] + (arms_markdown(comparison) + ["", "## Every run"]
                                             if comparison.get("arms") else []) + ["", "| run | heads | parameters | steps | training min (steps only) | wall min "
              "(training) | whole run min | test BLEU | decode sent/s |", "|---|---|---|---|---|---|---|---|---|"]
@@ -142,7 +202,7 @@ def comparison_markdown(comparison: dict) -> str:
         params = f"{r['parameters'] / 1e6:.2f} M" if r.get("parameters") else ""
         # a resumed run's wall minutes are those of the resumed part (its optimizer-step minutes span the whole run)
         part = "" if r.get("resumed_from_step") is None else f" (resumed part, from step {r['resumed_from_step']})"
-        lines.append(f"| {r['run']} | {r['heads']} | {params} | {r['steps']} | {_num(r['train_step_minutes'])} | "
+        lines.append(f"| {cell(r['run'])} | {r['heads']} | {params} | {r['steps']} | {_num(r['train_step_minutes'])} | "
                      f"{_num(r['train_minutes'])}{part} | {_num(r['total_minutes'])}{part} | {r['bleu']:.2f} | "
                      f"{_num(r['decode_sentences_per_second'])} |")
     lines += ["", "## Steps per second between shrinks", "", "| run | steps | heads | steps/s | × first stretch |",
@@ -152,13 +212,14 @@ def comparison_markdown(comparison: dict) -> str:
         for g in r["step_rate"]:
             rate = g.get("steps_per_second")
             ratio = f"{rate / first:.2f}" if rate and first else ""
-            lines.append(f"| {r['run']} | {g['from_step']}–{g['to_step']} | {g['heads']} | {_num(rate, 3)} | {ratio} |")
+            lines.append(f"| {cell(r['run'])} | {g['from_step']}–{g['to_step']} | {g['heads']} | {_num(rate, 3)} | "
+                         f"{ratio} |")
     if comparison["equal_steps"]:
         lines += ["", f"## Equal steps (test BLEU; reference: {ref})", "", "| run | step | heads | BLEU | reference "
                   "BLEU | Δ |", "|---|---|---|---|---|---|"]
         for e in comparison["equal_steps"]:
-            lines.append(f"| {e['run']} | {e['step']} | {e['heads']} | {e['bleu']:.2f} | {e['reference_bleu']:.2f} | "
-                         f"{e['delta']:+.2f} |")
+            lines.append(f"| {cell(e['run'])} | {e['step']} | {e['heads']} | {e['bleu']:.2f} | "
+                         f"{e['reference_bleu']:.2f} | {e['delta']:+.2f} |")
     if comparison["equal_time"]:
         lines += ["", f"## Equal training time (reference: {ref})", "", "| run | its last step | training min | BLEU |"
                   " reference BLEU at that time | reference points used | Δ |", "|---|---|---|---|---|---|---|"]
@@ -168,8 +229,8 @@ def comparison_markdown(comparison: dict) -> str:
                                 for p in (at["before"], at["after"]) if p)
             value = "beyond the reference's run" if at["bleu"] is None else f"{at['bleu']:.2f}"
             delta = "" if e["delta"] is None else f"{e['delta']:+.2f}"
-            lines.append(f"| {e['run']} | {e['step']} | {e['step_seconds'] / 60:.1f} | {e['bleu']:.2f} | {value} | "
-                         f"{used} | {delta} |")
+            lines.append(f"| {cell(e['run'])} | {e['step']} | {e['step_seconds'] / 60:.1f} | {e['bleu']:.2f} | "
+                         f"{value} | {used} | {delta} |")
         drifts = [e for e in comparison["equal_time"] if e.get("drift")]
         if drifts:
             lines += ["", "Drift between the runs (the same computation timed in both, before either changed its "
@@ -181,10 +242,31 @@ def comparison_markdown(comparison: dict) -> str:
                 ref_bleu = "beyond the reference's run" if c["reference"]["bleu"] is None else \
                     f"{c['reference']['bleu']:.2f}"
                 delta = "" if c["delta"] is None else f"{c['delta']:+.2f}"
-                lines.append(f"| {e['run']} | {d['step']} | {d['step_seconds'] / 60:.2f} | "
+                lines.append(f"| {cell(e['run'])} | {d['step']} | {d['step_seconds'] / 60:.2f} | "
                              f"{d['reference_step_seconds'] / 60:.2f} | {d['factor']:.3f} | "
                              f"{c['step_seconds'] / 60:.1f} | {ref_bleu} | {delta} |")
     return "\n".join(lines + [""])
+
+
+def run_labels(names: list[str], runs: list[dict]) -> list[str]:
+    """One label per run: its name, with its seed where several runs share the name (`x (seed 1)`). Two runs that
+    would get one label (a name written as another run's label, e.g. names 'x (seed 1),x,x') are refused: the
+    comparison keys its rows by label, and one run would silently replace the other."""
+    from prunetrain.mt.compare_arms import run_seed
+
+    seeded = {n for n in names if names.count(n) > 1}
+    labels = [f"{n} (seed {run_seed(r)})" if n in seeded else n for n, r in zip(names, runs)]
+    for index, label in enumerate(labels):
+        if label in labels[:index]:
+            raise ValueError(f"names: runs {labels.index(label) + 1} and {index + 1} would both be shown as "
+                             f"{label!r} ({names!r}); give the runs distinct names.")
+    return labels
+
+
+def _plot_label(name: str) -> str:
+    """A run's name as a matplotlib legend label shown as written: `$` is not mathtext, a leading `_` not hidden."""
+    name = name.replace("$", "\\$")
+    return " " + name if name.startswith("_") else name
 
 
 def _num(value, digits: int = 1) -> str:
@@ -205,26 +287,36 @@ def write_comparison(run_dirs: list[str | Path], output: str | Path, names: list
     """
     from prunetrain.mt.report import training_figure
 
-    from prunetrain.mt.compare_arms import compare_arms, run_seed
+    from prunetrain.mt.compare_arms import compare_arms
 
+    from prunetrain.utils.validate import check_int
+
+    check_int("samples", samples, 1)
+    if isinstance(run_dirs, (str, bytes)):
+        raise ValueError(f"runs: {run_dirs!r} is one path; give a list of run directories (the reference first).")
+    run_dirs = list(run_dirs)
     if len(run_dirs) < 2:
         raise ValueError(f"runs: {len(run_dirs)} given; compare at least two run directories (the reference first).")
-    names = list(names) if names else [Path(d).name for d in run_dirs]
-    if len(names) != len(run_dirs) or not all(names):
+    names = list(names) if names is not None else [Path(d).name for d in run_dirs]
+    if len(names) != len(run_dirs) or not all(isinstance(n, str) and n for n in names):
         raise ValueError(f"names: {names!r} must give one name per run ({len(run_dirs)} runs); runs that share a "
                          f"name are seeds of one arm.")
+    for name in names:
+        if not name.isprintable():
+            raise ValueError(f"names: {name!r} holds a line break or control character; a run's name is one line "
+                             f"of the tables (give --names, or names=, for runs whose directories have such names).")
     loaded = [load_run(d) for d in run_dirs]
     output = Path(output)
     if output.exists() and (not output.is_dir() or any(output.iterdir())):
         raise ValueError(f"output: {str(output)!r} already exists and is not empty; choose a new directory.")
     arms = compare_arms(names, loaded, run_dirs, samples=samples)
-    seeded = {n for n in names if names.count(n) > 1}
-    labels = [f"{n} (seed {run_seed(r)})" if n in seeded else n for n, r in zip(names, loaded)]
+    labels = run_labels(names, loaded)
     runs = dict(zip(labels, loaded))
     comparison = dict(compare_runs(runs), **arms)
     output.mkdir(parents=True, exist_ok=True)
     first, *others = labels
-    figure = training_figure(output, dict(runs[first], trained_name=first), {n: runs[n] for n in others})
+    figure = training_figure(output, dict(runs[first], trained_name=_plot_label(first)),
+                             {_plot_label(n): runs[n] for n in others})
     if figure:
         (output / figure).replace(output / "compare.png")
         (output / "figures").rmdir()

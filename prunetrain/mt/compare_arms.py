@@ -12,12 +12,18 @@ run's `test_translations.json`).
 
 from __future__ import annotations
 
-import json
 import math
 import statistics
 from pathlib import Path
 
+from prunetrain.utils.files import read_json
+
 TRANSLATIONS_FILE = "test_translations.json"
+
+
+def cell(text) -> str:
+    """`text` as one Markdown table cell: a `|` in a run's name is escaped so that it does not split the row."""
+    return str(text).replace("|", "\\|")
 
 
 def run_seed(results: dict) -> int | None:
@@ -101,7 +107,7 @@ def equal_flops_table(arms: dict[str, list[dict]]) -> list[dict]:
 
 def read_translations(run_dir: str | Path) -> dict | None:
     path = Path(run_dir) / TRANSLATIONS_FILE
-    return json.loads(path.read_text()) if path.is_file() else None
+    return read_json(path, "translations", allow_nan=True) if path.is_file() else None
 
 
 def bootstrap_pairs(arms: dict[str, list[dict]], translations: dict[str, list[dict | None]], *, samples: int = 1000,
@@ -146,14 +152,15 @@ def _fmt(stat: dict, digits: int = 2, scale: float = 1.0) -> str:
 
 
 def arms_markdown(comparison: dict) -> list[str]:
-    """The arms' tables (seeds, equal compute, paired tests) as Markdown lines."""
-    ref = comparison["arms"][0]["arm"]
+    """The arms' tables (seeds, equal compute, paired tests) as Markdown lines (a `|` in an arm's name escaped)."""
+    ref = cell(comparison["arms"][0]["arm"])
     scale, unit = flops_scale([a["train_flops"]["mean"] for a in comparison["arms"]])
     lines = ["## Arms (runs sharing a name are seeds; mean ± sd over seeds)", "",
              f"| arm | seeds | test BLEU | chrF | heads | parameters (M) | training FLOPs ({unit}) | steps | "
              "training min (steps only) | whole run min |", "|---|---|---|---|---|---|---|---|---|---|"]
     for a in comparison["arms"]:
-        lines.append(f"| {a['arm']} | {', '.join(map(str, a['seeds']))} | {_fmt(a['bleu'])} | {_fmt(a['chrf'])} | "
+        lines.append(f"| {cell(a['arm'])} | {', '.join(map(str, a['seeds']))} | {_fmt(a['bleu'])} | "
+                     f"{_fmt(a['chrf'])} | "
                      f"{_fmt(a['heads'], 0)} | {_fmt(a['parameters'], 2, 1e6)} | {_fmt(a['train_flops'], 3, scale)} | "
                      f"{_fmt(a['steps'], 0)} | {_fmt(a['train_step_minutes'], 1)} | {_fmt(a['total_minutes'], 1)}"
                      + (f" ({a['total_minutes']['n']} of {len(a['seeds'])} runs; resumed runs left out)"
@@ -166,7 +173,7 @@ def arms_markdown(comparison: dict) -> list[str]:
                   "|---|" + "---|" * len(targets)]
         for a in comparison["arms"]:
             cells = {row["flops"]: row["bleu"] for row in comparison["equal_flops"] if row["arm"] == a["arm"]}
-            lines.append(f"| {a['arm']} | " + " | ".join(_fmt(cells[t]) for t in targets) + " |")
+            lines.append(f"| {cell(a['arm'])} | " + " | ".join(_fmt(cells[t]) for t in targets) + " |")
     if comparison["paired_tests"]:
         lines += ["", f"## Paired bootstrap between final models (reference arm: {ref}; same seed; "
                   f"{comparison['bootstrap_samples']} resamples of the test sentences)", "",
@@ -174,7 +181,7 @@ def arms_markdown(comparison: dict) -> list[str]:
         for row in comparison["paired_tests"]:
             delta = "" if row["delta"] is None else f"{row['delta']:+.2f}"
             p = "no test_translations.json" if row["p_value"] is None else f"{row['p_value']:.3f}"
-            lines.append(f"| {row['arm']} | {row['seed']} | {delta} | {p} |")
+            lines.append(f"| {cell(row['arm'])} | {row['seed']} | {delta} | {p} |")
     return lines
 
 

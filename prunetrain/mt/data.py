@@ -90,6 +90,10 @@ def read_lines(path: str | os.PathLike, *, allow_empty: bool = True, argument: s
     data = path.read_bytes()
     if not allow_empty and not data.strip():
         raise ValueError(f"{argument}: {path} is empty" + (" (only whitespace)." if data else " (0 bytes)."))
+    if b"\0" in data:  # valid UTF-8, but no text file of sentences holds one: a binary file given by mistake
+        line = data[: data.index(b"\0")].count(b"\n") + 1
+        raise ValueError(f"{argument}: {path} holds a NUL byte (line {line}); it is binary, not text with one sentence "
+                         f"per line.")
     return split_lines(decode_utf8(data, f"{argument}: {path}"))
 
 
@@ -126,7 +130,7 @@ def read_parallel(directory: str | os.PathLike, split: str, src: str = "de", tgt
     different line counts (both counts).
     """
     directory = Path(directory)
-    if limit is not None and (not isinstance(limit, int) or limit < 0):
+    if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 0):
         raise ValueError(f"read_parallel: limit must be a non-negative integer or None, not {limit!r}.")
     if src == tgt:
         raise ValueError(f"read_parallel: source and target language are both {src!r}.")
@@ -251,6 +255,11 @@ def load_tokenizer(path: str | os.PathLike):
     path = Path(path)
     if not (path / "tokenizer.json").is_file():
         raise ValueError(f"load_tokenizer: {path} has no tokenizer.json (saved by prunetrain.data.train_tokenizer).")
+    from prunetrain.utils.files import read_json
+
+    for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "added_tokens.json"):
+        if (path / name).exists() or (path / name).is_symlink():  # each a regular file holding a strict JSON object
+            read_json(path / name, "tokenizer")
     try:
         return PreTrainedTokenizerFast.from_pretrained(path, local_files_only=True)
     except Exception as err:  # a damaged file: json, tokenizers and transformers all raise their own types

@@ -12,11 +12,11 @@ during training pays — a smaller one built before the first step.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 from prunetrain.engine.heads import HeadLayout, find_heads
 from prunetrain.engine.persist import LAYOUT_FILE, shrink_to_layout
+from prunetrain.utils.files import read_json
 
 
 def layout_file(path: str | Path) -> Path:
@@ -33,8 +33,9 @@ def layout_file(path: str | Path) -> Path:
 def read_layout(path: str | Path) -> HeadLayout:
     """The recorded layout of `pruning.init_layout` (one clear line when it is not one)."""
     file = layout_file(path)
+    data = read_json(file, "pruning.init_layout")  # strict JSON: a key given twice is refused, not read as the last
     try:
-        return HeadLayout.from_dict(json.loads(file.read_text()))
+        return HeadLayout.from_dict(data)
     except (ValueError, KeyError, TypeError) as err:
         raise ValueError(f"pruning.init_layout: {str(file)!r} is not a prunetrain head layout ({err}).") from None
 

@@ -32,6 +32,7 @@ from prunetrain.engine.mask import HeadMask
 from prunetrain.mt.recipe import GateSweepRecipe
 from prunetrain.mt.run_dir import mark_complete, prepare_output_dir
 from prunetrain.mt.training_setup import TimeLimitCallback, train_seq2seq, training_args
+from prunetrain.utils.files import read_json
 from prunetrain.utils.plots import TensorBoardLog, pyplot
 
 ENCODER_ONLY = "encoder-only"
@@ -55,7 +56,7 @@ def source_model_dir(source: str | Path) -> Path:
 
 
 def _newest_trainer_state(source: str | Path) -> dict | None:
-    states = [json.loads(p.read_text()) for p in Path(source).glob("checkpoint-*/trainer_state.json")]
+    states = [read_json(p, "source", allow_nan=True) for p in Path(source).glob("checkpoint-*/trainer_state.json")]
     return max(states, key=lambda s: s.get("global_step", 0)) if states else None
 
 
@@ -255,7 +256,7 @@ def gate_runs(sweep: SweepInputs, out_dir: Path, tb: TensorBoardLog, *, resume: 
         label = _label(group, value)
         run_out = out_dir / "runs" / label
         if resume and (run_out / "result.json").is_file():
-            record = json.loads((run_out / "result.json").read_text())
+            record = read_json(run_out / "result.json", "--resume", allow_nan=True)
             resumed += 1
             progress(f"[{index + 1}/{len(plan)}] {label}: done before ({record['heads_kept']} heads)")
         else:
@@ -325,7 +326,7 @@ def scratch_run(recipe: GateSweepRecipe, runs: list, model_dir: Path, tokenizer,
         chosen = next(r for r in runs if r["group"] == ALL_KINDS and r["lam"] == wanted)
     out = out_dir / "runs" / f"scratch_{chosen['label']}"
     if resume and (out / "result.json").is_file():
-        return json.loads((out / "result.json").read_text())
+        return read_json(out / "result.json", "--resume", allow_nan=True)
     source_steps = source_train_steps(Path(model_dir).parent)
     steps = sweep.scratch_steps or source_steps
     if not steps:
@@ -369,7 +370,7 @@ def source_curve(source: Path) -> list:
     if not path.is_file():
         return []
     out = []
-    for _, entry in sorted(json.loads(path.read_text()).items(), key=lambda item: int(item[0])):
+    for _, entry in sorted(read_json(path, "source", allow_nan=True).items(), key=lambda item: int(item[0])):
         points = entry.get("curves", {}).get("importance", {}).get("points", [])  # keyed by global step
         full = next((p for p in points if p["fraction"] == 0.0), None)
         if full is not None:

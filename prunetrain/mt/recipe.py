@@ -140,7 +140,13 @@ class TrainConfig:
         _check_number("train.max_grad_norm", self.max_grad_norm, 0.0)
         _check_number("train.max_minutes", self.max_minutes, 0.0)
         _check_number("train.max_flops", self.max_flops, 0.0)
+        if 0 < self.max_flops < 1:
+            raise ValueError(f"train.max_flops: {self.max_flops!r} is not allowed; a FLOP budget is a count of "
+                             f"training FLOPs, 0 (no budget) or at least 1 (e.g. 1.78e14).")
         _check_number("train.cooldown", self.cooldown, 0.0, 1.0)
+        if self.cooldown and self.max_flops and not self.cooldown * self.max_flops >= 1:
+            raise ValueError(f"train.cooldown: {self.cooldown!r} of train.max_flops={self.max_flops!r} is less than "
+                             f"one FLOP; the learning rate could not decay over it — give a larger share (e.g. 0.2).")
         check_choice("train.precision", self.precision, PRECISIONS)
         _check_scheduler("train.scheduler", self.scheduler)
 

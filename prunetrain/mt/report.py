@@ -4,10 +4,10 @@ point, Spearman ρ between points, and the measured speed-up (all read from the 
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 from prunetrain.methods.importance import HeadScores
+from prunetrain.utils.files import read_json
 from prunetrain.utils.plots import heatmap_figure, save_figure
 
 
@@ -17,7 +17,7 @@ def _importance_figures(run: Path) -> list[tuple[str, str]]:
     if not index.is_file():
         return []
     out = []
-    for point in json.loads(index.read_text()):
+    for point in read_json(index, "run", list, allow_nan=True):  # a key given twice is refused
         scores = HeadScores.from_json(run / "prunetrain" / point["file"])
         figure = run / "figures" / Path(point["file"]).with_suffix(".png").name
         labels = [f"{s.kind}:{s.layer}" for s in scores.layout]
@@ -32,7 +32,7 @@ def _curve_table(run: Path) -> list[str]:
     path = run / "prunetrain" / "curves.json"
     if not path.is_file():
         return ["(no curves were computed)"]
-    curves = json.loads(path.read_text())
+    curves = read_json(path, "run", allow_nan=True)
     fractions = sorted({p["fraction"] for e in curves.values() for c in e["curves"].values() for p in c["points"]}
                        | {f for e in curves.values() for f in e.get("skipped_fractions", [])})
     lines = ["| step | epoch | heads present | order | " + " | ".join(f"{round(100 * f)}%" for f in fractions) +
@@ -53,6 +53,18 @@ def _curve_table(run: Path) -> list[str]:
     return lines if len(lines) > 2 else ["(no curves were computed)"]
 
 
+def _definition(results: dict, cap: dict) -> str:
+    """What defines the run's length: its FLOP budget (`train.max_flops`, and the step that reached it) when it has
+    one, else its planned steps."""
+    budget = results.get("max_flops")
+    if not budget:
+        return f"The run is defined by its {cap.get('planned_steps')} steps"
+    reached = results.get("flop_budget_reached_at_step")
+    where = (f"reached at step {reached}" if reached is not None else
+             f"not reached: training ended at step {results.get('steps')} of the {cap.get('planned_steps')} planned")
+    return f"The run is defined by its FLOP budget (train.max_flops={budget:.4g} training FLOPs, {where})"
+
+
 def _points_lines(results: dict) -> list[str]:
     """Planned points, the ones not reached, the time cap, and importance stability between points."""
     lines = []
@@ -62,8 +74,11 @@ def _points_lines(results: dict) -> list[str]:
                      f"{cap['stopped_at_epoch']:.2f}) of {cap['planned_steps']} planned: this run is shorter than its "
                      f"definition and depends on the machine.")
     elif cap:
-        lines.append(f"The run is defined by its {cap.get('planned_steps')} steps; the time cap "
-                     f"({cap.get('max_minutes', 0):g} min, 0 = none) did not fire.")
+        lines.append(f"{_definition(results, cap)}; the time cap ({cap.get('max_minutes', 0):g} min, 0 = none) did "
+                     f"not fire.")
+    for point in results.get("test_flops_merged") or []:
+        lines.append(f"eval.test_flops {point['share']:g} was crossed by step {point['step']} together with a later "
+                     f"point: its test BLEU is the later point's.")
     points = results.get("points") or {}
     for key, values in (points.get("beyond_train_epochs") or {}).items():
         lines.append(f"Not reached: pruning.{key} {values} lie beyond train.epochs.")
@@ -84,7 +99,7 @@ def _stability_table(run: Path) -> list[str]:
     path = run / "prunetrain" / "importance_stability.json"
     if not path.is_file():
         return []
-    rows = json.loads(path.read_text())
+    rows = read_json(path, "run", list, allow_nan=True)
     lines = ["## When do the important heads settle? (Spearman ρ of importance between consecutive points)", "",
              "| from | to | heads compared | Spearman ρ |", "|---|---|---|---|"]
     for r in rows:

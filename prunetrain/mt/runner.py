@@ -10,6 +10,7 @@ report (`report.md`, `results.json`, figures, TensorBoard). The run directory is
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import json
 import time
@@ -23,6 +24,8 @@ from prunetrain.engine.heads import find_heads
 from prunetrain.mt import ranks
 from prunetrain.mt.data import load_tokenizer
 from prunetrain.mt.init_architecture import apply_initial_architecture
+from prunetrain.mt.preflight import check_flop_budget, check_initial_architecture, check_tokenizer_record, \
+    merged_flop_points
 from prunetrain.mt.recipe import Recipe
 from prunetrain.mt.report import write_report
 from prunetrain.mt.run_checks import check_points_reachable
@@ -30,6 +33,8 @@ from prunetrain.mt.run_dir import mark_complete, prepare_output_dir
 from prunetrain.mt.run_record import data_record, recipe_inputs, with_data_dir
 from prunetrain.mt.training_setup import train_seq2seq, training_args
 from prunetrain.training.time_cap import TimeCapCallback
+from prunetrain.utils.files import read_json
+from prunetrain.utils.output_paths import output_lock
 
 
 def load_pairs(recipe, data_dir: str | None):
@@ -73,14 +78,13 @@ class RunInputs:
     bf16: bool
 
 
-def load_or_train_tokenizer(recipe: Recipe, out_dir: Path, train_pairs, *, resume: bool):
-    """The run's joint vocabulary: reloaded from `out_dir/tokenizer` when resuming, else trained and saved there."""
-    from prunetrain.mt import data as D
+def save_run_tokenizer(tokenizer, out_dir: Path) -> None:
+    """The run's joint vocabulary into `out_dir/tokenizer`, with the fingerprint a resume checks
+    (`prunetrain.mt.preflight.write_tokenizer_record`)."""
+    from prunetrain.mt.preflight import write_tokenizer_record
 
-    tok_dir = out_dir / "tokenizer"
-    if resume and (tok_dir / "tokenizer.json").is_file():
-        return D.load_tokenizer(tok_dir)
-    return D.train_tokenizer(train_pairs, vocab_size=recipe.data.vocab_size, path=tok_dir)
+    tokenizer.save_pretrained(out_dir / "tokenizer")
+    write_tokenizer_record(out_dir)
 
 
 def prepare_inputs(recipe: Recipe, tokenizer, model, pairs) -> RunInputs:
@@ -168,7 +172,8 @@ def make_callbacks(recipe: Recipe, inputs: RunInputs) -> tuple[list, TimeCapCall
                                               importance=importance))
     if t.cooldown:  # after the clock (step t counted) and the pruning (a shrink keeps the groups' rates)
         callbacks.append(FlopCooldownCallback(clock, t.cooldown))
-    time_cap = TimeCapCallback(t.max_minutes, watch=[c for c in callbacks if hasattr(c, "expect_end")])
+    time_cap = TimeCapCallback(t.max_minutes, watch=[c for c in callbacks if hasattr(c, "expect_end")],
+                               budget=clock if t.max_flops else None)
     return callbacks + [time_cap], time_cap, clock
 
 
@@ -287,8 +292,16 @@ def run_recipe(recipe: Recipe, out_dir: str | Path, *, data_dir: str | None = No
     ranks.check_global_batch(recipe.train.batch_size)  # under torchrun: rank 0 writes, the others wait (mt.ranks)
     ranks.start()
     progress = progress if ranks.is_main() else (lambda message: None)
-    pairs = start_run(recipe, out_dir, resume=resume, overwrite=overwrite, progress=progress)
-    model, inputs, initial = set_up_model(recipe, out_dir, pairs, resume=resume, progress=progress)
+    with contextlib.ExitStack() as held:  # rank 0 holds the run directory's lock until the run has ended
+        ranks.on_main(lambda: held.enter_context(output_lock(out_dir)))
+        return _run_locked(recipe, out_dir, resume=resume, overwrite=overwrite, progress=progress, started=started)
+
+
+def _run_locked(recipe: Recipe, out_dir: Path, *, resume: bool, overwrite: bool, progress: Callable[[str], None],
+                started: float) -> dict | None:
+    """`run_recipe` once the run directory is locked (by rank 0)."""
+    pairs, tokenizer = start_run(recipe, out_dir, resume=resume, overwrite=overwrite, progress=progress)
+    model, inputs, initial = set_up_model(recipe, tokenizer, pairs, progress=progress)
     callbacks, time_cap, clock = make_callbacks(recipe, inputs)
     train_start = time.time()
     model, resumed_from = train(recipe, model, inputs, out_dir, callbacks, resume=resume)
@@ -310,23 +323,48 @@ def run_recipe(recipe: Recipe, out_dir: str | Path, *, data_dir: str | None = No
 
 
 def start_run(recipe: Recipe, out_dir: Path, *, resume: bool, overwrite: bool, progress: Callable[[str], None]):
-    """Read the data, refuse a schedule that can never fire, then (rank 0) check and prepare the run directory;
-    returns the (train, valid, test) pairs. Everything is checked before the output directory is touched, and a
-    resume reads the same data."""
+    """Read the data, refuse a schedule that can never fire, an initial architecture that does not fit and a FLOP
+    budget too small for the schedule, then (rank 0) check and prepare the run directory and save the tokenizer;
+    returns the (train, valid, test) pairs and the tokenizer. Everything is checked before the output directory is
+    touched (a run `--overwrite` would replace stays whole until then), and a resume reads the same data with the
+    same tokenizer."""
     pairs = ranks.shared(lambda: load_pairs(recipe, None), lambda: load_pairs(recipe, None))
     check_points_reachable(recipe, len(pairs[0]))
-    ranks.on_main(lambda: prepare_output_dir(
-        out_dir, recipe, resume=resume, overwrite=overwrite, progress=progress, inputs=recipe_inputs(recipe),
-        data=data_record(recipe, pairs)))
-    progress(f"data: {len(pairs[0])} train, {len(pairs[1])} valid, {len(pairs[2])} test pairs")
-    return pairs
-
-
-def set_up_model(recipe: Recipe, out_dir: Path, pairs, *, resume: bool, progress: Callable[[str], None]):
-    """The tokenizer (rank 0 trains it, the other ranks load it), the model (with the recipe's initial
-    architecture) and the run's inputs, with one progress line each; returns (model, inputs, initial)."""
-    tokenizer = ranks.shared(lambda: load_or_train_tokenizer(recipe, out_dir, pairs[0], resume=resume),
+    check_initial_architecture(recipe)
+    tokenizer = ranks.shared(lambda: _prepare(recipe, out_dir, pairs, resume=resume, overwrite=overwrite,
+                                              progress=progress),
                              lambda: load_tokenizer(out_dir / "tokenizer"))
+    progress(f"data: {len(pairs[0])} train, {len(pairs[1])} valid, {len(pairs[2])} test pairs")
+    return pairs, tokenizer
+
+
+def _prepare(recipe: Recipe, out_dir: Path, pairs, *, resume: bool, overwrite: bool,
+             progress: Callable[[str], None]):
+    """Rank 0's part of `start_run`: the tokenizer (trained in memory, or the run's own when resuming, checked
+    against its fingerprint), the FLOP budget checked with it, then the run directory prepared; returns the
+    tokenizer."""
+    from prunetrain.mt import data as D
+
+    tok_dir = out_dir / "tokenizer"
+    prepare = lambda: prepare_output_dir(  # noqa: E731
+        out_dir, recipe, resume=resume, overwrite=overwrite, progress=progress, inputs=recipe_inputs(recipe),
+        data=data_record(recipe, pairs))
+    if resume and (tok_dir / "tokenizer.json").is_file():
+        prepare()  # refuses a finished run, another recipe or other data first
+        notice = check_tokenizer_record(out_dir)
+        if notice:
+            progress(notice)
+        return D.load_tokenizer(tok_dir)
+    tokenizer = D.train_tokenizer(pairs[0], vocab_size=recipe.data.vocab_size)
+    check_flop_budget(recipe, tokenizer, pairs[0])
+    prepare()
+    save_run_tokenizer(tokenizer, out_dir)
+    return tokenizer
+
+
+def set_up_model(recipe: Recipe, tokenizer, pairs, *, progress: Callable[[str], None]):
+    """The model (with the recipe's initial architecture) and the run's inputs, with one progress line each;
+    returns (model, inputs, initial)."""
     model = build_model(recipe, tokenizer)
     initial = apply_initial_architecture(recipe, model)  # the from-scratch baselines start smaller
     if initial:
@@ -364,6 +402,9 @@ def report_training(recipe: Recipe, training: TrainingOutcome, progress: Callabl
     progress(f"training took {training.minutes:.1f} min"
              + (f"; the time cap fired at step {time_cap.stopped_at_step} (epoch {time_cap.stopped_at:.2f}) of "
                 f"{time_cap.planned_steps} planned" if time_cap.fired else ""))
+    for point in merged_flop_points(recipe, clock):
+        progress(f"eval.test_flops: the point {point['share']:g} of the budget was crossed by step {point['step']} "
+                 f"together with a later point; test BLEU was taken once there and is recorded for the later one")
     if recipe.train.max_flops and clock.budget_reached_at_step is None:
         progress(f"the FLOP budget train.max_flops={recipe.train.max_flops:.4g} was not reached: training ended at "
                  f"step {time_cap.last_step} after {clock.flops:.4g} FLOPs (train.epochs="
@@ -382,6 +423,7 @@ def collect_results(recipe: Recipe, out_dir: Path, training: TrainingOutcome, fi
         "train_step_minutes": clock.step_seconds / 60, "steps": int(time_cap.last_step or 0),
         "train_flops": clock.flops if clock.meter.counted else None, "max_flops": recipe.train.max_flops or None,
         "flop_budget_reached_at_step": clock.budget_reached_at_step, "flop_fits": clock.meter.fits,
+        "test_flops_merged": merged_flop_points(recipe, clock) if recipe.train.max_flops else [],
         "initial_architecture": training.initial,
         "stopped_early_at_epoch": time_cap.stopped_at, "time_cap": time_cap.to_dict(),
         "points": points_summary(out_dir, beyond_epochs(recipe)), "heads_original": original_heads(recipe),
@@ -422,7 +464,7 @@ def final_record(result: dict, heads: int, parameters: int, clock, time_cap) -> 
 
 
 def _read_json(path: Path):
-    return json.loads(path.read_text()) if path.is_file() else []
+    return read_json(path, "run", (dict, list), allow_nan=True) if path.is_file() else []
 
 
 def points_summary(out_dir: Path, late: dict) -> dict:
@@ -430,7 +472,7 @@ def points_summary(out_dir: Path, late: dict) -> dict:
     points beyond `train.epochs` that were never handed to them."""
     out = {"beyond_train_epochs": late}
     for path in sorted((out_dir / "prunetrain").glob("schedule_*.json")):
-        out[path.stem.removeprefix("schedule_")] = json.loads(path.read_text())
+        out[path.stem.removeprefix("schedule_")] = read_json(path, "run", allow_nan=True)
     return out
 
 

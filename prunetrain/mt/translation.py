@@ -15,13 +15,14 @@ import math
 import os
 import time
 from pathlib import Path
-from typing import Sequence
+from typing import Iterable, Sequence
 
 import torch
 from torch import nn
 
 from prunetrain.utils.device import bf16_is_fast, device_of
 from prunetrain.utils.progress import bar
+from prunetrain.utils.validate import check_bool, check_int
 
 DEFAULT_MAX_LEN_A = 1.5
 DEFAULT_MAX_LEN_B = 10
@@ -74,6 +75,47 @@ def _sorted_batches(tokenizer, encoded: Sequence[Sequence[int]], batch_size: int
     return batches()
 
 
+def _check_sources(sources) -> list[str]:
+    """The sentences to translate as a list of str: a bare string (one text, which would be translated character by
+    character) or a non-string sentence is refused."""
+    if isinstance(sources, (str, bytes)) or not isinstance(sources, Iterable):
+        raise ValueError(f"sources: {_short(sources)} is not a list of sentences; pass a list of str (one sentence "
+                         f"per item, e.g. [text] for one).")
+    sources = list(sources)
+    for index, source in enumerate(sources):
+        if not isinstance(source, str):
+            raise ValueError(f"sources: item {index + 1} is {_short(source)}, not a str sentence.")
+    return sources
+
+
+def _check_pairs(pairs) -> list[tuple[str, str]]:
+    """Sentence pairs as a list of (source, reference) str pairs: a bare string or a pair of another shape is
+    refused, never unpacked character by character."""
+    if isinstance(pairs, (str, bytes)) or not isinstance(pairs, Iterable):
+        raise ValueError(f"pairs: {_short(pairs)} is not a list of (source, reference) pairs.")
+    pairs = list(pairs)
+    for index, pair in enumerate(pairs):
+        if not (isinstance(pair, (tuple, list)) and len(pair) == 2 and all(isinstance(p, str) for p in pair)):
+            raise ValueError(f"pairs: item {index + 1} is {_short(pair)}, not a (source, reference) pair of str.")
+    return pairs
+
+
+def _short(value) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def _check_decoding(batch_size, num_beams, max_new_tokens=None, max_source_length=None, suppress_pad=True) -> None:
+    """The decoding settings `translate` and `translate_onnx` share: counts are ints (not bools) >= 1."""
+    check_int("batch_size", batch_size, 1)
+    check_int("num_beams", num_beams, 1)
+    if max_new_tokens is not None:
+        check_int("max_new_tokens", max_new_tokens, 1)
+    if max_source_length is not None:
+        check_int("max_source_length", max_source_length, 1)
+    check_bool("suppress_pad", suppress_pad)
+
+
 def _decode_rows(tokenizer, outputs: list, rows: Sequence[int], pieces) -> None:
     """Detokenize `pieces` (token id lists) into `outputs` at their input positions `rows`."""
     texts = tokenizer.batch_decode(pieces, skip_special_tokens=True, clean_up_tokenization_spaces=False)
@@ -103,11 +145,10 @@ def translate(model: nn.Module, tokenizer, sources: Sequence[str], *, batch_size
       its device) is restored afterwards. Extra keyword arguments go to `generate` (e.g. `min_new_tokens`).
     Any attached `HeadMask` hooks stay active, so `with mask.applied(model): translate(...)` scores a masked model.
     """
-    sources = list(sources)
+    sources = _check_sources(sources)
+    _check_decoding(batch_size, num_beams, max_new_tokens, max_source_length, suppress_pad)
     if not sources:
         return []
-    if batch_size < 1:
-        raise ValueError(f"translate: batch_size must be at least 1, not {batch_size}.")
     if tokenizer.pad_token_id is None:
         raise ValueError("translate: the tokenizer has no pad token; batched generation needs one.")
     if not getattr(getattr(model, "config", None), "is_encoder_decoder", False):
@@ -175,7 +216,13 @@ def translate_onnx(directory: str | os.PathLike, tokenizer, sources: Sequence[st
     from prunetrain.export.onnx import OrtGenerator
     from prunetrain.export.onnx_beam import beam_generate
 
-    sources = list(sources)
+    sources = _check_sources(sources)
+    _check_decoding(batch_size, num_beams, suppress_pad=suppress_pad)
+    check_int("threads", threads, 1)
+    for argument, token in (("decoder_start_token_id", decoder_start_token_id), ("eos_token_id", eos_token_id)):
+        check_int(argument, token, 0)
+    if max_position_embeddings is not None:
+        check_int("max_position_embeddings", max_position_embeddings, 1)
     if not sources:
         return []
     generator = OrtGenerator(directory, threads=threads)
@@ -232,7 +279,9 @@ def evaluate_bleu(model: nn.Module, tokenizer, pairs: Sequence[tuple[str, str]],
     with `return_hypotheses=True` the `hypotheses` in input order, and with `sentence_stats=True` BLEU's
     per-sentence statistics (`prunetrain.mt.bleu_stats`, for paired bootstrap tests) as `sentence_stats`.
     """
-    pairs = list(pairs)
+    pairs = _check_pairs(pairs)
+    check_bool("return_hypotheses", return_hypotheses)
+    check_bool("sentence_stats", sentence_stats)
     if not pairs:
         raise ValueError("evaluate_bleu: no sentence pairs to evaluate.")
     sources = [s for s, _ in pairs]
@@ -260,17 +309,18 @@ def evaluate_bleu(model: nn.Module, tokenizer, pairs: Sequence[tuple[str, str]],
 def save_translation_model(model: nn.Module, tokenizer, path: str | os.PathLike, overwrite: bool = False) -> Path:
     """`prunetrain.save_pruned(model, path)` and the tokenizer into the same directory (what `evaluate_directory`
     reads), both written into one staging directory that replaces `path` only when complete (an existing non-empty
-    `path` needs `overwrite=True`; it stays whole until then). Works for full and pruned models."""
+    `path` needs `overwrite=True`, which replaces only an empty directory or one prunetrain wrote; it stays whole
+    until then). Works for full and pruned models."""
     from prunetrain.engine.persist import save_pruned
-    from prunetrain.utils.output_paths import replace_directory, staging_directory
+    from prunetrain.utils.output_paths import check_output_dir, output_lock, replace_directory, staging_directory
 
     path = Path(path)
-    if path.exists() and (not path.is_dir() or any(path.iterdir())) and not overwrite:
-        raise ValueError(f"path: {str(path)!r} already exists and is not empty; pass overwrite=True to replace it.")
-    with staging_directory(path) as staging:
-        save_pruned(model, staging / "model")
-        tokenizer.save_pretrained(staging / "model")
-        replace_directory(staging / "model", path)
+    with output_lock(path, flag="path"):  # one writer at a time; `overwrite` replaces what the CLI's --overwrite does
+        check_output_dir(path, overwrite=overwrite, flag="path", overwrite_flag="overwrite=True")
+        with staging_directory(path) as staging:
+            save_pruned(model, staging / "model")
+            tokenizer.save_pretrained(staging / "model")
+            replace_directory(staging / "model", path)
     return path
 
 

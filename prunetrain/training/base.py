@@ -21,7 +21,7 @@ from transformers import TrainerCallback
 from prunetrain.engine.heads import KINDS, HeadLayout, unwrap_model
 from prunetrain.engine.mask import HeadMask, attached_masks
 from prunetrain.training.distributed import require, training_engine
-from prunetrain.training.state import load_callback_state, save_callback_state
+from prunetrain.training.state import load_callback_state, save_callback_state, save_peft_record
 from prunetrain.utils.plots import TensorBoardLog, heatmap_figure
 from prunetrain.utils.validate import ALL_BATCHES, check_kinds
 
@@ -150,6 +150,7 @@ class PrunetrainCallback(TrainerCallback):
 
     def on_save(self, args, state, control, **kwargs):
         if state.is_world_process_zero:
+            save_peft_record(Path(args.output_dir) / f"checkpoint-{state.global_step}", kwargs.get("model"))
             save_callback_state(Path(args.output_dir) / f"checkpoint-{state.global_step}", self.name,
                                 self.state_dict(), self.tensor_state())
 

@@ -32,8 +32,9 @@ NOT_LAMBDA_SCHEDULERS = ("reduce_lr_on_plateau", "greedy")  # the transformers s
 
 
 def cooldown_factor(flops: float, budget: float, share: float) -> float:
-    """c(F) = min(1, max(0, (B − F) / (share · B))): 1 until (1 − share)·B FLOPs are spent, then linear to 0 at B."""
-    return min(1.0, max(0.0, (budget - flops) / (share * budget)))
+    """c(F) = min(1, max(0, (B − F) / (share · B))): 1 until (1 − share)·B FLOPs are spent, then linear to 0 at B.
+    Computed as ((B − F) / B) / share, so a product share · B too small for a float never divides by zero."""
+    return min(1.0, max(0.0, ((budget - flops) / budget) / share))
 
 
 class FlopCooldownCallback(TrainerCallback):
@@ -53,6 +54,9 @@ class FlopCooldownCallback(TrainerCallback):
         if share > 1:
             raise ValueError(f"share: {share!r} is not allowed; expected the part of the FLOP budget the cooldown "
                              f"spans, 0 < share <= 1.")
+        if not float(share) * float(clock.max_flops) > 0:
+            raise ValueError(f"share: {share!r} × the clock's max_flops {clock.max_flops!r} is below the smallest "
+                             f"float; the cooldown would span no FLOPs — give a larger share or budget.")
         self.clock, self.share = clock, float(share)
 
     def on_train_begin(self, args, state, control, lr_scheduler=None, **kwargs):

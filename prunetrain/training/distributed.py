@@ -153,15 +153,41 @@ def require(engine: str, feature: str, allowed: tuple[str, ...]) -> None:
 
 
 def find_ddp(net: nn.Module):
-    """The `DistributedDataParallel` wrapper around `net`, if any (the Trainer hands callbacks the inner model)."""
+    """The `DistributedDataParallel` wrapper around `net`, if any (the Trainer hands callbacks the inner model).
+
+    Found from the objects that hold `net` (`gc.get_referrers`): DDP keeps its module in its `_modules` dict, which
+    its instance dictionary holds, so the wrapper is at most three holders up, through dictionaries only — a few
+    reference look-ups per shrink, never a walk over every live object. Objects are matched by `type()` alone, so
+    nothing else is touched: a dead weak proxy (torch.compile leaves some) is never dereferenced. A compiled model
+    (`torch.compile(DDP(net))`) holds the same DDP, which is what is returned.
+    """
     from torch.nn.parallel import DistributedDataParallel
 
-    if isinstance(net, DistributedDataParallel):
+    def is_ddp_of(obj) -> bool:
+        return issubclass(type(obj), DistributedDataParallel) and obj.module is net
+
+    if issubclass(type(net), DistributedDataParallel):
         return net
-    for obj in gc.get_objects():
-        if isinstance(obj, DistributedDataParallel) and obj.module is net:
-            return obj
+    level: list = [net]
+    for _ in range(3):  # `_modules` dict, the instance dictionary, the wrapper
+        holders = gc.get_referrers(*level)
+        found = next((h for h in holders if is_ddp_of(h)), None)
+        if found is not None:
+            return found
+        level = [h for h in holders if type(h) is dict]
+        if not level:
+            break
     return None
+
+
+def _snapshots_of(ddp) -> list[dict]:
+    """Copies of `ddp`'s attribute dictionary that hold its current reducer: torch.compile wraps the module's call in
+    functions made with `functools.wraps`, which copies the module's `__dict__` (reducer and logger included) into
+    each wrapper's own. Found from the objects that hold the reducer (a reference look-up, no walk over every
+    object)."""
+    reducer = ddp.reducer
+    return [holder for holder in gc.get_referrers(reducer)
+            if type(holder) is dict and holder is not vars(ddp) and holder.get("reducer") is reducer]
 
 
 def rebuild_ddp(ddp) -> None:
@@ -170,12 +196,16 @@ def rebuild_ddp(ddp) -> None:
     DDP sizes its gradient buckets when it is built; the parameters keep their identity through a shrink but not
     their size, so the buckets are rebuilt exactly as `DistributedDataParallel.__setstate__` does. Every rank must
     call this (the shape check is a collective); ranks whose shapes differ fail here instead of averaging wrong
-    gradients later.
+    gradients later. Under torch.compile the compiled wrapper's copies of the module's attributes are pointed at the
+    new reducer too (else they keep the old one, and its accumulators, alive).
     """
     from torch.nn.parallel.distributed import _verify_param_shape_across_processes
 
-    # The old reducer holds each parameter's gradient accumulator, which remembers the old shape; drop it first
-    # so the new reducer gets fresh accumulators.
+    # The old reducer holds each parameter's gradient accumulator, which remembers the old shape (and the autograd
+    # graph reuses a live accumulator): drop every reference to it first, so the new reducer gets fresh ones.
+    snapshots = _snapshots_of(ddp) if ddp.reducer is not None else []
+    for snapshot in snapshots:
+        snapshot["reducer"], snapshot["logger"] = None, None
     ddp.logger = None
     ddp.reducer = None
     gc.collect()
@@ -186,6 +216,8 @@ def rebuild_ddp(ddp) -> None:
     if ddp.static_graph:
         ddp.reducer._set_static_graph()
         ddp.logger._set_static_graph()
+    for snapshot in snapshots:
+        snapshot["reducer"], snapshot["logger"] = ddp.reducer, ddp.logger
 
 
 def _original_class(model: nn.Module) -> type:

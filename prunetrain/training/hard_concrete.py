@@ -12,8 +12,10 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from prunetrain.engine import peft_support
 from prunetrain.engine.heads import attention_sites, find_heads, unwrap_model
 from prunetrain.engine.mask import HeadMask, release_saved_masks
+from prunetrain.engine.remote_code import mark_pruned
 from prunetrain.engine.shrink import shrink
 from prunetrain.methods.constraints import apply_constraints
 from prunetrain.methods.gates import HardConcreteGates, LagrangianBudget, gates_for
@@ -150,7 +152,8 @@ class HardConcreteCallback(PrunetrainCallback):
             self.gates.check_budget(self.budget, argument="target_heads")
         if self.finalize == "shrink":
             for site in attention_sites(net):
-                reason = site.info.name in self.gates.site_names and site.adapter.shrink_refusal(site)
+                reason = site.info.name in self.gates.site_names and (site.adapter.shrink_refusal(site)
+                                                                      or peft_support.shrink_refusal(site))
                 if reason:
                     raise ValueError(f"finalize: 'shrink' is refused for site {site.info.name!r}: {reason} Use "
                                      f"finalize='mask' (the gates' mask stays attached).")
@@ -324,19 +327,29 @@ class HardConcreteCallback(PrunetrainCallback):
                 ranks = {s.name: torch.zeros(s.num_heads) for s in self.gates.layout}  # ungated sites: kept whole
                 ranks.update({n: self.gates.head_log_alpha(n).detach().cpu() for n in self.gates.site_names})
                 self.final_mask = apply_constraints(self.final_mask, ranks, self.constraints)
-            self.gates.detach()
-            net = unwrap_model(model)
-            if self.finalize == "mask":
-                self.final_mask.attach(net)
-            elif self.finalize == "shrink":
-                ddp = find_ddp(net)
-                shrink(net, self.final_mask)
-                if ddp is not None:  # every rank holds the same gates (averaged gradients), so the same heads go
-                    rebuild_ddp(ddp)
-            self._write_json("final_mask.json", self.final_mask.to_dict())
+            self._write_json("final_mask.json", self.final_mask.to_dict())  # kept even if the shrink below fails
+            self._apply_final_mask(unwrap_model(model))
             self._log(f"final gates: {self.final_mask.num_kept}/{self.final_mask.num_heads} heads kept "
                       f"({', '.join(f'{k} {v}' for k, v in self.final_mask.kept_per_kind().items())}) [{self.finalize}]")
         super().on_train_end(args, state, control, **kwargs)
+
+    def _apply_final_mask(self, net: nn.Module) -> None:
+        """Turn the gates into `final_mask` on `net` ("mask": attached; "shrink": heads removed), transactionally: the
+        gates stay attached until the shrink has succeeded, so a shrink that fails leaves the trained gates on the
+        model and in this callback (`gates`, `final_mask`), nothing lost. Under DDP every rank holds the same gates
+        (averaged gradients), so the same heads go, and DDP's buckets are rebuilt. A compiled model recompiles at
+        its next call: the shapes its guards check have changed."""
+        if self.finalize == "shrink":
+            ddp = find_ddp(net)
+            shrink(net, self.final_mask)  # the gates' hooks stay until here: shrink only reads and slices weights
+            self.gates.detach()
+            mark_pruned(net)  # the save record again, now without the gates' hooks (a plain pruned model saves alone)
+            if ddp is not None:
+                rebuild_ddp(ddp)
+            return
+        self.gates.detach()
+        if self.finalize == "mask":
+            self.final_mask.attach(net)
 
     # resume ---------------------------------------------------------------------------------------------------------
     def _optimizers(self) -> dict[str, torch.optim.Optimizer]:

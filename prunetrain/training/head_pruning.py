@@ -11,8 +11,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from prunetrain.engine.heads import HeadLayout, find_heads, unwrap_model
-from prunetrain.engine.mask import HeadMask, release_saved_masks
+from prunetrain.engine.heads import HeadLayout, attention_sites, find_heads, unwrap_model
+from prunetrain.engine.peft_support import peft_shrink_refusal
+from prunetrain.engine.mask import HeadMask, attached_masks, release_saved_masks
 from prunetrain.engine.shrink import shrink
 from prunetrain.methods.importance import HeadScores, get_scorer, random_scores
 from prunetrain.methods.constraints import apply_constraints
@@ -20,6 +21,7 @@ from prunetrain.methods.selection import iterative_prune, select_heads
 from prunetrain.training.base import (check_epochs_fit, check_model_kinds, first_batches, importance_heatmap,
                                       kept_summary, local_share)
 from prunetrain.training.distributed import find_ddp, rebuild_ddp
+from prunetrain.training.importance_sample import ImportanceSample
 from prunetrain.training.options import Heads, Importance, Output, Schedule, resolve_options
 from prunetrain.training.points import Plan, Point, amount_decreases, file_label, label, resolve
 from prunetrain.training.scheduled import ScheduledCallback
@@ -90,6 +92,7 @@ class HeadPruningCallback(ScheduledCallback):
         self.stability: list[dict] = []  # Spearman ρ of importance between consecutive points
         self.events: list[dict] = []
         self._amount_at: dict[int, Any] = {}
+        self._sample: ImportanceSample | None = None  # the default importance batches (no `batches` given)
 
     def _plan(self, selector, epochs: list[float]) -> Plan:
         """The importance points: `at_epochs`/`at_steps` and every pruning point (a whole-epoch selector fires
@@ -108,6 +111,12 @@ class HeadPruningCallback(ScheduledCallback):
         check_epochs_fit(args, self._last_epoch, "at_epochs/prune")
         if model is not None:
             guard_weight_loading(model)  # a resume into a model of the wrong shape says what to do, in one line
+            attached_masks(model)  # masks attached before peft wrapped the model move onto its LoRA layers
+            if self.mode == "shrink" or self._shrink_steps:  # a peft layer shrink cannot slice: refused now
+                refusal = peft_shrink_refusal(model, attention_sites(model))
+                if refusal:
+                    raise ValueError(f"mode: HeadPruningCallback would shrink this PEFT model, but {refusal} Use "
+                                     f"mode='mask' without shrink_steps.")
             layout = find_heads(model)
             check_model_kinds(self.kinds, layout)
             self._check_amounts_fit(layout)
@@ -148,6 +157,9 @@ class HeadPruningCallback(ScheduledCallback):
                 self.mask.attach(model, owner=self)
         self._start_plan(args, state, train_dataloader)
         self._amount_at = self._place_amounts()
+        if self.batches is None and train_dataloader is not None:
+            self._sample = ImportanceSample(args, train_dataloader, self.num_batches, self.name)
+            self._sample.check_engine(model)
 
     def _place_amounts(self) -> dict[int, Any]:
         """The prune schedule on steps; cumulative amounts of one type must not decrease in step order."""
@@ -191,6 +203,8 @@ class HeadPruningCallback(ScheduledCallback):
         if train_dataloader is None:
             raise ValueError("batches: no batches for importance and no training dataloader; pass "
                              "importance=Importance(batches=...) to HeadPruningCallback.")
+        if self._sample is not None:  # global batches of the training set, whatever the world size and accumulation
+            return self._sample.batches()
         return first_batches(train_dataloader, self.num_batches)
 
     def act(self, point: Point, kind: str, state, model=None, optimizer=None, train_dataloader=None, **kwargs):

@@ -29,8 +29,9 @@ from prunetrain.methods.curve import DEFAULT_FRACTIONS
 from prunetrain.methods.importance import get_scorer
 from prunetrain.methods.selection import SCOPES
 from prunetrain.training.points import check_amount_schedule, check_step_points, epoch_spec
-from prunetrain.utils.validate import (check_amount, check_amount_convention, check_choice, check_fractions, check_int,
-                                       check_kinds, check_positive_float)
+from prunetrain.utils.validate import (check_amount, check_amount_convention, check_bool, check_choice,
+                                       check_finite_float, check_fractions, check_int, check_ints, check_kinds,
+                                       check_positive_float)
 
 CURVE_ORDERS = ("importance", "random", "both")
 
@@ -38,6 +39,18 @@ CURVE_ORDERS = ("importance", "random", "both")
 def _points(values: Iterable) -> tuple:
     """A one-shot iterable read once (so a generator is not consumed by the checks), kept as a tuple."""
     return tuple(values)
+
+
+def _step_list(argument: str, values: Any) -> list:
+    """A list of step points as given: a string ('12' is not the steps 1 and 2) or a single number is refused."""
+    if isinstance(values, (str, bytes)) or not isinstance(values, Iterable):
+        raise ValueError(f"{argument}: {values!r} is not a list of global optimizer steps; give e.g. [300, 900].")
+    return list(values)
+
+
+def _set_bool(record, name: str) -> None:
+    """Check the bool field `name` of a frozen record (a real bool only; numpy's bool is kept as a bool)."""
+    object.__setattr__(record, name, check_bool(name, getattr(record, name)))
 
 
 @dataclass(frozen=True)
@@ -74,17 +87,19 @@ class Schedule:
                 and isinstance(self.at_epochs, Iterable):
             object.__setattr__(self, "at_epochs", _points(self.at_epochs))
         epoch_spec(self.at_epochs, "at_epochs")
-        object.__setattr__(self, "at_steps", _points(check_step_points("at_steps", list(self.at_steps))))
+        object.__setattr__(self, "at_steps", _points(check_step_points("at_steps", _step_list("at_steps",
+                                                                                              self.at_steps))))
         if not (self.prune is None or callable(self.prune) or isinstance(self.prune, Mapping)):
             raise ValueError(f"prune: {self.prune!r} is not a schedule; give a dict {{epoch: amount}}, a function "
                              f"epoch -> amount or None.")
         check_amount_convention("prune/prune_steps", [*self.prune_epochs().values(), *self.step_amounts().values()])
-        shrink = check_step_points("shrink_steps", list(self.shrink_steps))
+        shrink = check_step_points("shrink_steps", _step_list("shrink_steps", self.shrink_steps))
         object.__setattr__(self, "shrink_steps", _points(shrink))
         for shrink_step in shrink:
             if shrink_step not in self.step_amounts():
                 raise ValueError(f"shrink_steps: {shrink_step} is not a step of prune_steps "
                                  f"{sorted(self.step_amounts())}; a shrink follows a pruning step.")
+        _set_bool(self, "record_end")
 
     def points(self) -> tuple[Callable[[int], bool] | None, list[float]]:
         """`(whole-epoch selector or None, epoch points)` of `at_epochs`."""
@@ -135,6 +150,8 @@ class Heads:
     def __post_init__(self) -> None:
         check_choice("scope", self.scope, SCOPES)
         kinds = check_kinds("kinds", self.kinds, KINDS)
+        if kinds is not None and len(set(kinds)) != len(kinds):
+            raise ValueError(f"kinds: {self.kinds!r} names a kind twice; give each attention kind once.")
         object.__setattr__(self, "kinds", None if kinds is None else tuple(kinds))
         if self.min_heads_per_layer is not None:
             check_int("min_heads_per_layer", self.min_heads_per_layer, 0)
@@ -161,8 +178,10 @@ class Importance:
         scorer: "gradient" (Michel), "ablation", "confidence", "random" or a callable (`register_scorer`).
         scorer_options: keyword options of the scorer (checked now).
         batches: the batches importance is computed on (a list or DataLoader; under DDP each rank takes its share).
-            Default: the first `num_batches` batches of the Trainer's training dataloader at that moment.
-        num_batches: see `batches`.
+            Default: `num_batches` global batches of the Trainer's training set (one optimizer step's examples
+            each: per-process batch × ranks × accumulation), drawn with the run's seed, the same at every point and
+            whatever the world size and gradient accumulation (`prunetrain.training.importance_sample`).
+        num_batches: how many global batches the default sample holds (see `batches`).
         iterative: re-estimate importance on the pruned model between steps (Michel §4): `HeadPruningCallback` prunes
             in steps of `step`, `PruningCurveCallback` re-estimates between its fractions.
         step: `HeadPruningCallback`'s step of iterative pruning, a fraction or a count of all heads (None: 0.1).
@@ -178,6 +197,11 @@ class Importance:
 
     def __post_init__(self) -> None:
         check_int("num_batches", self.num_batches)
+        _set_bool(self, "iterative")
+        _check_batches(self.batches)
+        if self.scorer_options is not None and not isinstance(self.scorer_options, Mapping):
+            raise ValueError(f"scorer_options: {self.scorer_options!r} is not a dict of the scorer's keyword options "
+                             f"(or None).")
         if self.step is not None:
             check_amount("step", self.step)
             if self.step == 0:
@@ -207,6 +231,10 @@ class Output:
         if self.output_dir is not None and not isinstance(self.output_dir, (str, os.PathLike)):
             raise ValueError(f"output_dir: {self.output_dir!r} is not a path; give a str, a pathlib.Path or None "
                              f"(<Trainer output_dir>/prunetrain).")
+        if self.output_dir is not None and not os.fspath(self.output_dir):
+            raise ValueError("output_dir: '' is an empty path (it would mean the current directory); give a directory "
+                             "or None (<Trainer output_dir>/prunetrain).")
+        _set_bool(self, "tensorboard")
 
 
 @dataclass(frozen=True)
@@ -230,7 +258,12 @@ class CurveSweep:
     def __post_init__(self) -> None:
         object.__setattr__(self, "fractions", tuple(check_fractions("fractions", self.fractions)))
         check_choice("order", self.order, CURVE_ORDERS)
-        object.__setattr__(self, "random_seeds", tuple(self.random_seeds))
+        _set_bool(self, "relative")
+        seeds = check_ints("random_seeds", self.random_seeds, 0)
+        if len(set(seeds)) != len(seeds):
+            raise ValueError(f"random_seeds: {list(seeds)!r} repeats a seed; each seed gives one random-order curve, "
+                             f"give each once.")
+        object.__setattr__(self, "random_seeds", seeds)
 
 
 @dataclass(frozen=True)
@@ -252,6 +285,25 @@ class GateTraining:
     def __post_init__(self) -> None:
         check_positive_float("gate_lr", self.gate_lr)
         check_positive_float("lagrangian_lr", self.lagrangian_lr)
+        check_finite_float("init_log_alpha", self.init_log_alpha)
+        check_int("seed", self.seed, 0)
+
+
+def _check_batches(batches: Any) -> None:
+    """`Importance.batches`: None, or an iterable of batches that is not a string and, when it has a length, not
+    empty (importance over no batch would rank the heads on nothing)."""
+    if batches is None:
+        return
+    if isinstance(batches, (str, bytes, Mapping)) or not isinstance(batches, Iterable):
+        raise ValueError(f"batches: {batches!r} is not a list or DataLoader of batches (or None: the Trainer's "
+                         f"training dataloader).")
+    try:
+        empty = len(batches) == 0
+    except TypeError:
+        return
+    if empty:
+        raise ValueError("batches: it holds no batch; give at least one (or None: the Trainer's training "
+                         "dataloader).")
 
 
 def resolve_options(owner: str, given: Mapping[str, Any], groups: Mapping[str, type], legacy: Mapping[str, Any],

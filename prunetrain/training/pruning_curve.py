@@ -17,6 +17,7 @@ from prunetrain.methods.curve import Curve, HeadScope, Metric, Ranking, pruning_
 from prunetrain.methods.importance import random_scores
 from prunetrain.methods.selection import select_heads
 from prunetrain.training.base import check_epochs_fit, check_model_kinds, combined_attached, first_batches, local_share
+from prunetrain.training.importance_sample import ImportanceSample
 from prunetrain.training.options import CURVE_ORDERS, CurveSweep, Heads, Importance, Output, Schedule, resolve_options
 from prunetrain.training.points import Plan, Point, file_label, label
 from prunetrain.training.scheduled import ScheduledCallback
@@ -46,7 +47,8 @@ class PruningCurveCallback(ScheduledCallback):
             (`skipped_fractions`).
         heads: which heads may be masked (`Heads`: scope, kinds, min_heads_per_layer (default 0); no constraints).
         importance: how heads are ranked (`Importance`: scorer, options, batches (under DDP each rank takes its
-            share; default the first `num_batches` batches of the Trainer's training dataloader), `iterative`:
+            share; default `num_batches` global batches of the Trainer's training set, the same whatever the
+            world size and accumulation: `prunetrain.training.importance_sample`), `iterative`:
             re-estimate importance between fractions, slower, Michel §4; no `step`).
         output: where files go (`Output`: default `<output_dir>/prunetrain`, with TensorBoard).
         **deprecated: the former keyword form (`at_epochs`, `fractions`, `order`, `scope`, `importance_batches`,
@@ -84,6 +86,7 @@ class PruningCurveCallback(ScheduledCallback):
         self.iterative, self.scorer, self.scorer_options = (self.importance.iterative, self.importance.scorer,
                                                             self.importance.options)
         self.importance_batches, self.num_batches = self.importance.batches, self.importance.num_batches
+        self._sample: ImportanceSample | None = None  # the default importance batches (no `batches` given)
         self.metric, self.metric_key = metric, metric_key or "value"
         self.curves: dict[int, dict] = {}  # global step -> {"step", "epoch", "label", "kind", "curves": {...}}
 
@@ -126,6 +129,9 @@ class PruningCurveCallback(ScheduledCallback):
         self._setup(args, state, model)
         self._restore(args, state)
         self._start_plan(args, state, train_dataloader)
+        if self.importance_batches is None and train_dataloader is not None:
+            self._sample = ImportanceSample(args, train_dataloader, self.num_batches, self.name)
+            self._sample.check_engine(model)
 
     def on_train_end(self, args, state, control, **kwargs):
         self._finish_plan(state)
@@ -209,6 +215,8 @@ class PruningCurveCallback(ScheduledCallback):
         if train_dataloader is None:
             raise ValueError("batches: no batches to compute importance from and no training dataloader; pass "
                              "importance=Importance(batches=...) to PruningCurveCallback.")
+        if self._sample is not None and self._sample.dataloader is train_dataloader:  # global batches of the set
+            return self._sample.batches()
         return first_batches(train_dataloader, self.num_batches)
 
     def compute(self, model, train_dataloader=None) -> dict[str, Curve]:

@@ -19,7 +19,10 @@ from safetensors.torch import load_file, save_file
 from torch import nn
 
 from prunetrain.engine.heads import LAYOUT_CONFIG_KEY, HeadLayout, attention_sites, unwrap_model
+from prunetrain.engine.peft_support import is_peft_wrapper
 from prunetrain.engine.persist import apply_saved_masks, saved_masks_of, shrink_to_layout
+from prunetrain.engine.remote_code import SPEC_KEY
+from prunetrain.utils.files import read_json
 
 TENSORS_KEY = "_prunetrain_tensors"  # in a callback's JSON state: whether a .safetensors file belongs to it
 
@@ -46,15 +49,33 @@ def load_callback_state(checkpoint: Path, name: str, owner: str) -> tuple[dict, 
     """Read what `save_callback_state` wrote; a checkpoint without it cannot be resumed by callback `owner`."""
     path = checkpoint / f"prunetrain-{name}.json"
     if not path.is_file():
-        raise ValueError(f"resume: {str(checkpoint)!r} has no {path.name}; it was not written by a run with "
-                         f"{owner}, so its pruning state cannot be restored.")
-    data = json.loads(path.read_text())
+        raise ValueError(_missing_state(checkpoint, name, owner))
+    data = read_json(path, "resume", allow_nan=True)  # a key given twice is refused; json.dumps wrote it (NaN ok)
     has_tensors = data.pop(TENSORS_KEY, None)
     tensors = checkpoint / f"prunetrain-{name}.safetensors"
     if has_tensors and not tensors.is_file():
         raise ValueError(f"resume: {str(checkpoint)!r} has {path.name} but not the {tensors.name} it was saved "
                          f"with, so {owner}'s pruning state cannot be restored exactly.")
     return data, (load_file(str(tensors)) if tensors.is_file() else None)
+
+
+def _missing_state(checkpoint: Path, name: str, owner: str) -> str:
+    """Why a checkpoint lacks `owner`'s JSON state: the run had no such callback, or — when the state's tensors or a
+    half-written file are there — the checkpoint is incomplete (cut short while `owner` was saving)."""
+    json_name = f"prunetrain-{name}.json"
+    parts = [f"prunetrain-{name}.safetensors", f"prunetrain-{name}.safetensors.partial", json_name + ".partial"]
+    present = [part for part in parts if (checkpoint / part).exists()]
+    if present:
+        return (f"resume: {str(checkpoint)!r} is incomplete: it holds {present[0]} but not {json_name}, which "
+                f"{owner} writes last (the run was stopped while it saved its state); resume from the last complete "
+                f"checkpoint (prunetrain.training.state.last_complete_checkpoint) or an earlier one.")
+    others = sorted(p.name for p in checkpoint.glob("prunetrain-*.json"))
+    if others:
+        return (f"resume: {str(checkpoint)!r} has no {json_name}: either the run that wrote it had no {owner}, or "
+                f"the checkpoint is incomplete ({', '.join(others)} were saved, then the run stopped before {owner}'s "
+                f"state); resume with the callbacks of that run, or from an earlier complete checkpoint.")
+    return (f"resume: {str(checkpoint)!r} has no {json_name}; it was not written by a run with {owner}, so its "
+            f"pruning state cannot be restored.")
 
 
 def optimizer_state(prefix: str, optimizer: torch.optim.Optimizer) -> tuple[dict[str, float], dict[str, torch.Tensor]]:
@@ -151,9 +172,11 @@ def restore_layout(model: nn.Module, checkpoint: str | Path) -> HeadLayout:
         The model's head layout afterwards.
     """
     config = Path(checkpoint) / "config.json"
+    if not config.is_file() and (Path(checkpoint) / PEFT_ADAPTER_CONFIG).is_file():
+        config = _peft_record(Path(checkpoint))  # a PeftModel's checkpoint: adapters only, and prunetrain's record
     if not config.is_file():
         raise ValueError(f"checkpoint: {str(checkpoint)!r} has no config.json; it is not a Trainer checkpoint.")
-    data = json.loads(config.read_text())
+    data = read_json(config, "checkpoint")
     try:
         layout = shrink_to_layout(model, data.get(LAYOUT_CONFIG_KEY) or {})
     except ValueError as err:
@@ -163,16 +186,53 @@ def restore_layout(model: nn.Module, checkpoint: str | Path) -> HeadLayout:
     return layout
 
 
+PEFT_RECORD = "prunetrain_peft.json"
+"""What a Trainer checkpoint of a peft model (adapter weights only, no config.json) records of the base model for
+`restore_layout`: the head layout (`prunetrain_heads`) and the attached masks, as a pruned directory's config.json
+records them."""
+PEFT_ADAPTER_CONFIG = "adapter_config.json"
+
+
+def save_peft_record(checkpoint: Path, model: nn.Module | None) -> None:
+    """Write `PEFT_RECORD` into a Trainer checkpoint of a peft `model` (nothing for any other model: its
+    config.json records the same). Written to a temporary name and renamed, before the callbacks' state."""
+    while model is not None and not is_peft_wrapper(model) and isinstance(getattr(model, "module", None), nn.Module):
+        model = model.module  # DDP / accelerate around the PeftModel
+    if model is None or not is_peft_wrapper(model):
+        return
+    from prunetrain.engine.mask import saved_mask_record
+
+    net = unwrap_model(model)
+    record = {LAYOUT_CONFIG_KEY: dict(getattr(net.config, LAYOUT_CONFIG_KEY, None) or {}),
+              SPEC_KEY: {"masks": saved_mask_record(net)}}
+    checkpoint.mkdir(parents=True, exist_ok=True)
+    partial = checkpoint / (PEFT_RECORD + ".partial")
+    partial.write_text(json.dumps(record))
+    os.replace(partial, checkpoint / PEFT_RECORD)
+
+
+def _peft_record(checkpoint: Path) -> Path:
+    record = checkpoint / PEFT_RECORD
+    if not record.is_file():
+        raise ValueError(f"checkpoint: {str(checkpoint)!r} holds peft adapters only and no {PEFT_RECORD} (written by "
+                         f"prunetrain's callbacks), so the head layout its adapters were saved with is unknown; "
+                         f"resume from a checkpoint written by a run with a prunetrain callback.")
+    return record
+
+
 def guard_weight_loading(model: nn.Module) -> None:
     """Make `model.load_state_dict` of weights whose attention shapes differ from the model's fail with one line
     that says what to do, instead of torch's size-mismatch listing: the Trainer loads a checkpoint into the model it
     was given when resuming (a shrunk checkpoint into a freshly built full-size model) and at the end of training
     with `load_best_model_at_end` (a checkpoint from before a shrink into the shrunk model). Installed once per
-    model by the pruning callbacks (a `load_state_dict` pre-hook that only reads shapes)."""
-    net = unwrap_model(model)
-    if not getattr(net, "_prunetrain_load_guard", False):
-        net.register_load_state_dict_pre_hook(_check_head_shapes)
-        net._prunetrain_load_guard = True
+    model by the pruning callbacks (a `load_state_dict` pre-hook that only reads shapes). On a peft `PeftModel` the
+    wrapper is guarded too: the Trainer loads a checkpoint's adapters into it."""
+    while not is_peft_wrapper(model) and isinstance(getattr(model, "module", None), nn.Module):
+        model = model.module
+    for net in {id(m): m for m in (unwrap_model(model), model if is_peft_wrapper(model) else None) if m}.values():
+        if not vars(net).get("_prunetrain_load_guard", False):  # vars: a PeftModel forwards unknown attributes
+            net.register_load_state_dict_pre_hook(_check_head_shapes)
+            net._prunetrain_load_guard = True
 
 
 def _check_head_shapes(module, state_dict, prefix, *args) -> None:

@@ -48,16 +48,19 @@ def _pairs_without_duplicates(pairs: list[tuple[str, Any]]) -> dict:
     return out
 
 
-def parse_json(text: str | bytes, where: str, expected: type | tuple[type, ...] = dict) -> Any:
+def parse_json(text: str | bytes, where: str, expected: type | tuple[type, ...] = dict,
+               allow_nan: bool = False) -> Any:
     """Strict JSON from `text`; ValueError naming `where` for anything that is not standard JSON of the `expected`
-    top-level type."""
+    top-level type. `allow_nan=True` reads `NaN`/`Infinity` (files Python's `json.dumps` wrote with its defaults,
+    such as a training state holding a diverged metric); duplicate keys are refused either way."""
     if isinstance(text, bytes):
         try:
             text = text.decode("utf-8")
         except UnicodeDecodeError as err:
             raise ValueError(f"{where} is not valid UTF-8 (byte offset {err.start}).") from None
     try:
-        data = json.loads(text, parse_constant=_no_constant, object_pairs_hook=_pairs_without_duplicates)
+        data = json.loads(text, parse_constant=None if allow_nan else _no_constant,
+                          object_pairs_hook=_pairs_without_duplicates)
     except json.JSONDecodeError as err:
         raise ValueError(f"{where} is not valid JSON ({err.msg}, line {err.lineno} column {err.colno}).") from None
     except RecursionError:
@@ -75,14 +78,14 @@ def parse_json(text: str | bytes, where: str, expected: type | tuple[type, ...] 
 
 
 def read_json(path: str | os.PathLike, argument: str, expected: type | tuple[type, ...] = dict,
-              max_bytes: int = MAX_JSON_BYTES) -> Any:
+              max_bytes: int = MAX_JSON_BYTES, allow_nan: bool = False) -> Any:
     """The strict JSON content of the regular file `path` (see `parse_json`); errors name `argument` and the file."""
     path = check_regular_file(path, argument)
     size = path.stat().st_size
     if size > max_bytes:
         raise ValueError(f"{argument}: {str(path)!r} is {size} bytes, more than the {max_bytes} a JSON file of this "
                          f"kind may have.")
-    return parse_json(path.read_bytes(), f"{argument}: {str(path)!r}", expected)
+    return parse_json(path.read_bytes(), f"{argument}: {str(path)!r}", expected, allow_nan)
 
 
 def first_non_finite(value: Any, where: str = "") -> str | None:

@@ -16,22 +16,36 @@ Three rules, each refusal one sentence naming the flag:
    SIGTERM raises `Terminated` (as SIGINT raises `KeyboardInterrupt`), so cleanup runs for both. How signals are
    held and raised without being lost, also in a process with worker threads: prunetrain.utils.signals.
 
-Only a SIGKILL (or a power cut) can leave a hidden `.NAME.staging-*` / `.NAME.replaced-*` directory behind; the
-destination itself is then still either the old directory, whole, or the new one, whole. The functions hold no
-state about ranks: under torchrun call them from the rank that writes (rank 0).
+4. One writer at a time: every writer of an output directory holds `output_lock(DEST)` for its whole write (an
+   advisory `fcntl.flock` on the hidden file `.NAME.prunetrain-lock` beside DEST). A second prunetrain process
+   writing the same DEST fails at once with one line naming DEST; the kernel releases the lock when its holder
+   dies, so a killed writer never blocks the next one. Writers check what DEST holds after taking the lock.
+
+Never written or replaced, whatever the flags: "" / "." (the current directory), a directory that holds the
+current directory, the home directory or one holding it, and the file-system root (`check_not_protected`); nor an
+output that is a symbolic link to nothing (dangling or a loop: `check_not_dangling`). A write the file system
+refuses (full, read-only, ...) is one line naming the flag (`prunetrain.utils.write_errors`, in `output_lock`).
+
+Only a SIGKILL (or a power cut) can leave a hidden `.NAME.staging-*` / `.NAME.replaced-*` directory (or an unlocked
+`.NAME.prunetrain-lock` file) behind; the destination itself is then still either the old directory, whole, or the
+new one, whole. The functions hold no state about ranks: under torchrun call them from the rank that writes
+(rank 0).
 """
 
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import os
 import re
 import shutil
 import tempfile
+import threading
 from pathlib import Path
 from typing import Iterator, Mapping
 
 from prunetrain.utils.signals import Terminated, cleanup_on_signal, signals_held, signals_raise
+from prunetrain.utils.write_errors import write_errors
 
 RUN_MARKER = "recipe.yaml"  # prunetrain.mt.run_dir.RUN_MARKER: the first file a recipe run writes
 MODEL_FILE_NAMES = frozenset({
@@ -107,31 +121,52 @@ def foreign_entry(directory: str | os.PathLike) -> str | None:
                 None)
 
 
+def check_not_protected(output: str | os.PathLike, *, flag: str = "--output") -> None:
+    """Refuse a directory output that must never be written or replaced: "" or "." (the current directory), a
+    directory holding the current directory, the home directory or one holding it, and the file-system root."""
+    if not os.fspath(output).strip():
+        raise ValueError(f"{flag}: an empty path (it would be the current directory); give the directory to write.")
+    out = _real(output)
+    where = [("the file-system root", out.parent == out), ("the current directory", _same(out, _real(os.getcwd()))),
+             ("a directory that holds the current directory", _inside(_real(os.getcwd()), out)),
+             ("the home directory", _same(out, _real(Path.home()))),
+             ("a directory that holds the home directory", _inside(_real(Path.home()), out))]
+    what = next((name for name, hit in where if hit), None)
+    if what is not None:
+        raise ValueError(f"{flag}: {str(output)!r} is {what}, which prunetrain never writes or replaces; give a new "
+                         f"or empty directory of its own.")
+
+
 def check_output_dir(output: str | os.PathLike, *, overwrite: bool, flag: str = "--output",
                      inputs: Mapping[str, str | os.PathLike | None] | None = None,
-                     in_place: str | None = None) -> Path:
-    """A directory output: disjoint from the inputs (rule 1); absent, empty, or with `overwrite` a directory
-    prunetrain may replace (rule 2). Returns `output` as a Path; nothing is written.
+                     in_place: str | None = None, overwrite_flag: str = "--overwrite") -> Path:
+    """A directory output: disjoint from the inputs (rule 1), not a protected directory (`check_not_protected`);
+    absent, empty, or with `overwrite` a directory prunetrain may replace (rule 2). Returns `output` as a Path;
+    nothing is written. The command line and the library's savers (`overwrite=True`) share this one rule.
 
     Args:
         output: the directory to write.
-        overwrite: the user asked to replace what is there (`--overwrite`).
+        overwrite: the user asked to replace what is there (`--overwrite`, `overwrite=True`).
         flag: how messages name the output.
         inputs: what the command reads (see `check_disjoint`).
         in_place: the input the output may equal (replacing it still needs `overwrite`).
+        overwrite_flag: how messages name the overwrite switch ("--overwrite", "overwrite=True").
     """
-    output = Path(output)
     check_disjoint(output, inputs or {}, flag=flag, in_place=in_place)
+    check_not_protected(output, flag=flag)
+    check_not_dangling(output, flag=flag)
+    output = Path(output)
     if output.exists() and not output.is_dir():
         raise ValueError(f"{flag}: {str(output)!r} is a file, not a directory.")
     if not output.is_dir() or not any(output.iterdir()):
         return output
     if not overwrite:
-        raise ValueError(f"{flag}: {str(output)!r} already exists and is not empty; pass --overwrite to replace it.")
+        raise ValueError(f"{flag}: {str(output)!r} already exists and is not empty; pass {overwrite_flag} to replace "
+                         f"it.")
     foreign = foreign_entry(output)
     if foreign is not None:
         raise ValueError(f"{flag}: {str(output)!r} holds {foreign!r}, which is not part of a model or run directory "
-                         f"prunetrain writes; --overwrite replaces only those — move it away or choose another "
+                         f"prunetrain writes; {overwrite_flag} replaces only those — move it away or choose another "
                          f"{flag}.")
     return output
 
@@ -142,13 +177,29 @@ def check_output_file(output: str | os.PathLike, *, flag: str = "--output",
     file is replaced atomically by `write_file`). Returns `output` as a Path; nothing is written."""
     output = Path(output)
     check_disjoint(output, inputs or {}, flag=flag)
-    if output.is_dir():
-        raise ValueError(f"{flag}: {str(output)!r} is a directory; give a file path.")
-    if output.exists() and not output.is_file():
-        raise ValueError(f"{flag}: {str(output)!r} is not a regular file (a FIFO or device); give a file path.")
-    if not output.parent.is_dir():
-        raise ValueError(f"{flag}: the directory {str(output.parent)!r} does not exist; create it first.")
+    with write_errors(flag, output):  # a name too long for the file system: one line naming the flag
+        check_not_dangling(output, flag=flag)
+        if output.is_dir():
+            raise ValueError(f"{flag}: {str(output)!r} is a directory; give a file path.")
+        if output.exists() and not output.is_file():
+            raise ValueError(f"{flag}: {str(output)!r} is not a regular file (a FIFO or device); give a file path.")
+        if output.parent.exists() and not output.parent.is_dir():
+            raise ValueError(f"{flag}: {str(output.parent)!r} is a file, not a directory; give a path in a "
+                             f"directory.")
+        if not output.parent.is_dir():
+            raise ValueError(f"{flag}: the directory {str(output.parent)!r} does not exist; create it first.")
     return output
+
+
+def check_not_dangling(output: str | os.PathLike, *, flag: str = "--output") -> None:
+    """Refuse an output that is a symbolic link to nothing (dangling, or a loop): writing would replace the link
+    itself, not create what it points to."""
+    output = Path(output)
+    with write_errors(flag, output):  # a name too long for the file system: one line naming the flag
+        dangling = output.is_symlink() and not output.exists()
+    if dangling:
+        raise ValueError(f"{flag}: {str(output)!r} is a symbolic link to nothing (dangling or a loop, -> "
+                         f"{os.readlink(output)!r}); remove it or choose another {flag}.")
 
 
 # -------------------------------------------------------------------------------------------------------------------
@@ -253,6 +304,95 @@ def write_file(path: str | os.PathLike, data: str | bytes, encoding: str = "utf-
     return path
 
 
-__all__ = ["Terminated", "check_disjoint", "check_output_dir", "check_output_file", "foreign_entry",
-           "remove_directory", "replace_directory", "signals_held", "signals_raise", "staging_directory",
-           "write_file"]
+# -------------------------------------------------------------------------------------------------------------------
+# rule 4: one writer at a time
+# -------------------------------------------------------------------------------------------------------------------
+LOCK_SUFFIX = ".prunetrain-lock"
+_held_locks: dict[Path, list] = {}  # lock file -> [descriptor, depth]: this process's locks (re-entered, not re-taken)
+_held_guard = threading.Lock()
+
+
+class OutputLocked(ValueError):
+    """Another process holds the lock of the output directory this one was about to write."""
+
+
+def lock_file(destination: str | os.PathLike) -> Path:
+    """The hidden lock file beside `destination` (`.NAME.prunetrain-lock`): beside it, not in it, because a writer
+    replaces the whole directory."""
+    target = _real(destination)
+    return target.parent / f".{target.name}{LOCK_SUFFIX}"
+
+
+@contextlib.contextmanager
+def output_lock(destination: str | os.PathLike, *, flag: str = "--output") -> Iterator[Path]:
+    """Hold the advisory lock of output directory `destination` for the block: a second prunetrain process that
+    asks for it meanwhile gets `OutputLocked` at once (one line naming `destination` and `flag`). The kernel drops
+    the lock when its holder dies (`fcntl.flock`), so a dead writer never blocks; the lock file is removed when the
+    block ends. Re-entrant within a process (a command and the saver it calls take it once). Check what
+    `destination` holds after taking the lock: it may have been written while this process waited to start."""
+    check_not_protected(destination, flag=flag)  # no lock file beside the current, home or root directory
+    check_not_dangling(destination, flag=flag)  # nor beside a dangling link's target (its parents made on the way)
+    lock = lock_file(destination)
+    with _held_guard:
+        held = _held_locks.get(lock)
+        if held is not None:
+            held[1] += 1
+    if held is not None:
+        try:
+            yield lock
+        finally:
+            with _held_guard:
+                held[1] -= 1
+        return
+    with write_errors(flag, destination):  # a full or read-only disk: one line naming flag and destination
+        lock.parent.mkdir(parents=True, exist_ok=True)
+        with signals_held():
+            descriptor = _take_lock(lock, destination, flag)
+            with _held_guard:
+                _held_locks[lock] = [descriptor, 1]
+    try:
+        with write_errors(flag, destination):  # (prunetrain.utils.write_errors)
+            yield lock
+    finally:
+        with signals_held():
+            with _held_guard:
+                del _held_locks[lock]
+            _unlink_if_present(lock)  # while still locked: a process waiting on the old file re-opens the path
+            os.close(descriptor)
+
+
+def _take_lock(lock: Path, destination, flag: str) -> int:
+    """Open and flock `lock` without waiting; retried when the file was removed (and maybe re-made) by the
+    previous holder between our open and our flock, so that two processes never lock two different files."""
+    while True:
+        try:
+            descriptor = os.open(lock, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o666)
+        except OSError as err:
+            raise ValueError(f"{flag}: cannot create the lock file {str(lock)!r} beside {str(destination)!r} "
+                             f"({err.strerror}); choose an {flag} in a directory you can write.") from None
+        try:
+            fcntl.flock(descriptor, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(descriptor)
+            raise OutputLocked(f"{flag}: another prunetrain process is writing {str(destination)!r} (it holds "
+                               f"{str(lock)!r}); wait until it has finished or choose another {flag}.") from None
+        try:
+            current = os.stat(lock)
+        except FileNotFoundError:
+            current = None
+        mine = os.fstat(descriptor)
+        if current is not None and (current.st_dev, current.st_ino) == (mine.st_dev, mine.st_ino):
+            try:
+                os.ftruncate(descriptor, 0)
+                os.write(descriptor, f"{os.getpid()}\n".encode())
+            except OSError:  # a full disk: no lock file is left behind
+                _unlink_if_present(lock)
+                os.close(descriptor)
+                raise
+            return descriptor
+        os.close(descriptor)
+
+
+__all__ = ["OutputLocked", "Terminated", "check_disjoint", "check_not_dangling", "check_not_protected",
+           "check_output_dir", "check_output_file", "foreign_entry", "lock_file", "output_lock", "remove_directory",
+           "replace_directory", "signals_held", "signals_raise", "staging_directory", "write_file"]

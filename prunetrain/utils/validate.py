@@ -27,6 +27,25 @@ def check_choice(argument: str, value: Any, allowed: Sequence[Any]) -> Any:
     return value
 
 
+def check_bool(argument: str, value: Any) -> bool:
+    """`value` must be a real bool (numpy's bool too): a string such as 'no' or a number is refused, never read as
+    its truth value."""
+    import numpy
+
+    if isinstance(value, numpy.bool_):
+        return bool(value)
+    if not isinstance(value, bool):
+        raise ValueError(f"{argument}: {value!r} is not allowed; expected True or False.")
+    return value
+
+
+def check_finite_float(argument: str, value: Any) -> float:
+    """A finite real number of any sign (not a bool, a string, NaN or an infinity)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise ValueError(f"{argument}: {value!r} is not allowed; expected a finite number.")
+    return float(value)
+
+
 def check_int(argument: str, value: Any, minimum: int = 1) -> int:
     """`value` must be an int (not a bool) >= `minimum`."""
     if isinstance(value, bool) or not isinstance(value, int) or value < minimum:

@@ -3,6 +3,7 @@
 python ddp_shrink.py --out DIR --data DIR/multi30k [--callback prune-shrink|gates-shrink] [--resume]
                      [--kill-at-step N]  (rank 0 sends itself SIGKILL at step N: a crash at a known point)
                      [--fsdp]  (TrainingArguments(fsdp="full_shard"), which the Trainer ignores on CPU)
+                     [--compile BACKEND]  (TrainingArguments(torch_compile=True, torch_compile_backend=BACKEND))
 or under `torchrun --nproc_per_node 2` (gloo, CPU). With W ranks each rank takes `16 / W` sequences per step, so one
 optimizer step sees the same 16 sequences as the single process (sequential sampling: rank r of step s gets the
 r-th slice of the single process's batch s). No dropout. The loss is the sum of the token losses over the step's
@@ -56,6 +57,7 @@ def main():
     parser.add_argument("--kill-at-step", type=int, default=None)
     parser.add_argument("--fsdp", action="store_true", help="TrainingArguments(fsdp='full_shard'): on CPU the "
                                                             "Trainer trains with DDP instead")
+    parser.add_argument("--compile", default=None, help="TrainingArguments(torch_compile=True) with this backend")
     opts = parser.parse_args()
     out = Path(opts.out)
     rank, world = int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1"))
@@ -79,7 +81,8 @@ def main():
         output_dir=str(out), num_train_epochs=3, per_device_train_batch_size=GLOBAL_BATCH // world,
         learning_rate=2e-3, save_strategy="epoch", report_to=[], use_cpu=True, logging_steps=4, seed=0,
         disable_tqdm=True, train_sampling_strategy="sequential", dataloader_num_workers=0,
-        ddp_backend="gloo" if world > 1 else None, **({"fsdp": "full_shard"} if opts.fsdp else {}))
+        ddp_backend="gloo" if world > 1 else None, **({"fsdp": "full_shard"} if opts.fsdp else {}),
+        **({"torch_compile": True, "torch_compile_backend": opts.compile} if opts.compile else {}))
     checkpoint = None
     if opts.resume:
         checkpoint = last_complete_checkpoint(out, [callback])  # a checkpoint cut short by the kill is skipped

@@ -51,6 +51,7 @@ import torch
 from torch import nn
 
 from prunetrain.engine.heads import LAYOUT_CONFIG_KEY, AttentionSite, HeadSite
+from prunetrain.engine.peft_support import base_layer
 from prunetrain.engine.registry import (adapter_for, register, supported_families,  # noqa: F401  (the registry's
                                         supported_model_types, unregister)  # interface, importable from here too)
 
@@ -144,6 +145,16 @@ def declared_subclass(name: str) -> type:
     return _BUILT[name]
 
 
+def lazy_subclass(module: str, name: str) -> type:
+    """`declared_subclass(name)` for a module's `__getattr__`: when the base class lives in an optional package that
+    is not installed, a `MissingExtraError` (an AttributeError, so `hasattr(module, name)` is False) saying what to
+    install, instead of the ModuleNotFoundError escaping from attribute access."""
+    from prunetrain.utils.extras import lazy_name
+
+    with lazy_name(module, name):
+        return declared_subclass(name)
+
+
 def switch_class(obj: object, name: str) -> None:
     """Switch `obj`'s class in place to the declared subclass `name` (a no-op if it already is one).
 
@@ -161,7 +172,7 @@ def switch_class(obj: object, name: str) -> None:
 
 def __getattr__(name: str):
     if name in _SUBCLASSES:
-        return declared_subclass(name)
+        return lazy_subclass(__name__, name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
@@ -181,7 +192,7 @@ def headless_forward(self, hidden_states, *args, **kwargs):
     if self._pt_out is None:  # the output projection lies outside this module: its caller applies it
         return hidden_states.new_zeros(*lead, 0), None
     proj = _get(self, self._pt_out)
-    if isinstance(proj, nn.Linear):
+    if isinstance(base_layer(proj), nn.Linear):  # a peft tuner layer around an nn.Linear runs as one
         out = proj(hidden_states.new_zeros(*lead, 0))
     else:  # transformers' Conv1D (weight [in, out]) cannot flatten a 0-wide input: bias + [N, 0] @ [0, E]
         out = proj.bias.expand(*lead, proj.bias.shape[-1])  # = bias + [..., 0] @ [0, E]; traces with dynamic shapes

@@ -40,7 +40,7 @@ on disk, translation) and `adapter` (the head engine inside fairseq: `wrap_fairs
 `fairseq_importance`); every name is importable from `prunetrain.interop.fairseq`.
 """
 
-from prunetrain.engine.families.core import declared_subclass
+from prunetrain.engine.families.core import lazy_subclass
 from prunetrain.interop.fairseq.adapter import (EMPTY_FAIRSEQ, FAIRSEQ_MODEL_TYPE, FairseqAdapter, FairseqHeadConfig,
                                                 FairseqTransformer, fairseq_importance, fairseq_loss, wrap_fairseq)
 from prunetrain.interop.fairseq.checkpoint import (SAFE_CHECKPOINT_GLOBALS, SPECIAL_SYMBOLS, FairseqCheckpoint,
@@ -52,9 +52,10 @@ from prunetrain.interop.fairseq.convert import (ACTIVATIONS, IMPORT_FILE, SUPPOR
 
 
 def __getattr__(name: str):
-    """The lazily built attention subclasses, by name (so that pickles of shrunk models find them)."""
+    """The lazily built attention subclasses, by name (so that pickles of shrunk models find them). Without fairseq
+    installed the name is absent (`hasattr` is False) and using it says which extra to install."""
     if name == EMPTY_FAIRSEQ:
-        return declared_subclass(name)
+        return lazy_subclass(__name__, name)
     if name in ("PrunableFSMTAttention", "FSMTAdapter"):  # moved to prunetrain.engine.families.fsmt
         from prunetrain.engine.families import fsmt
 

@@ -13,7 +13,22 @@ from prunetrain.methods.importance.gradient import NORMALIZE, PER, REDUCTION, he
 from prunetrain.methods.importance.loop import LossFn
 from prunetrain.methods.importance.scorers import ablation_scores, confidence_scores, random_scores
 from prunetrain.methods.importance.scores import HeadScores
-from prunetrain.utils.validate import check_choice
+from prunetrain.utils.validate import check_bool, check_choice, check_int
+
+
+def check_scorer_options(scorer) -> None:
+    """The options every loss-based scorer shares, checked when it is built (not at its first use, which may be
+    hours into training): `loss_fn` a callable or None, `autocast` a torch dtype or None, `max_batches` an int >= 1
+    or None, `sync` True, False or None (a string such as 'no' is refused, never read as its truth value)."""
+    loss_fn = getattr(scorer, "loss_fn", None)
+    if loss_fn is not None and not callable(loss_fn):
+        raise ValueError(f"loss_fn: {loss_fn!r} is not a callable (model, batch) -> loss, or None.")
+    if scorer.autocast is not None and not isinstance(scorer.autocast, torch.dtype):
+        raise ValueError(f"autocast: {scorer.autocast!r} is not a torch dtype (e.g. torch.bfloat16) or None.")
+    if scorer.max_batches is not None:
+        check_int("max_batches", scorer.max_batches, 1)
+    if scorer.sync is not None:
+        check_bool("sync", scorer.sync)
 
 
 @runtime_checkable
@@ -39,6 +54,7 @@ class GradientScorer:
         check_choice("per", self.per, PER)
         check_choice("normalize", self.normalize, NORMALIZE)
         check_choice("reduction", self.reduction, REDUCTION)
+        check_scorer_options(self)
 
     def __call__(self, model, batches) -> HeadScores:
         return head_importance(model, batches, loss_fn=self.loss_fn, per=self.per, normalize=self.normalize,
@@ -55,6 +71,9 @@ class AblationScorer:
     max_batches: int | None = None
     sync: bool | None = None
 
+    def __post_init__(self) -> None:
+        check_scorer_options(self)
+
     def __call__(self, model, batches) -> HeadScores:
         return ablation_scores(model, batches, loss_fn=self.loss_fn, autocast=self.autocast,
                                max_batches=self.max_batches, sync=self.sync)
@@ -68,6 +87,9 @@ class ConfidenceScorer:
     max_batches: int | None = None
     sync: bool | None = None
 
+    def __post_init__(self) -> None:
+        check_scorer_options(self)
+
     def __call__(self, model, batches) -> HeadScores:
         return confidence_scores(model, batches, autocast=self.autocast, max_batches=self.max_batches, sync=self.sync)
 
@@ -77,6 +99,10 @@ class RandomScorer:
     """Seeded uniform scores (`random_scores`): the baseline. Ignores the batches; no forward pass."""
 
     seed: int = 0
+
+    def __post_init__(self) -> None:
+        if isinstance(self.seed, bool) or not isinstance(self.seed, int):
+            raise ValueError(f"seed: {self.seed!r} is not allowed; expected an integer.")
 
     def __call__(self, model, batches=None) -> HeadScores:
         return random_scores(model, seed=self.seed)

@@ -140,10 +140,12 @@ class HeadScores:
 
     @classmethod
     def from_json(cls, text_or_path: str | Path) -> "HeadScores":
+        from prunetrain.utils.files import parse_json, read_json
+
         text = str(text_or_path)
-        if not text.lstrip().startswith("{"):
-            text = Path(text_or_path).read_text()
-        return cls.from_dict(json.loads(text))
+        if not text.lstrip().startswith("{"):  # a key given twice is refused, not read as its last value
+            return cls.from_dict(read_json(text_or_path, "scores", allow_nan=True))
+        return cls.from_dict(parse_json(text, "scores", allow_nan=True))
 
 
 __all__ = ["HeadScores", "NORMALIZE_EPS"]

@@ -10,6 +10,7 @@ from typing import Any, Callable, Mapping
 from torch import nn
 
 from prunetrain.engine.heads import find_heads
+from prunetrain.utils.files import read_json
 
 AfterUnit = Callable[[str, Any], None]
 """`after_unit(unit, value)`: called after each unit of a study is saved."""
@@ -38,10 +39,9 @@ class Journal:
             if not path.is_file():
                 continue
             try:
-                data = json.loads(path.read_text())
-            except (UnicodeDecodeError, json.JSONDecodeError) as err:
-                raise ValueError(f"out_dir: {str(path)!r} is not valid JSON ({err.__class__.__name__}); delete it "
-                                 f"to start again.") from err
+                data = read_json(path, "out_dir", allow_nan=True)  # a key given twice is refused
+            except ValueError as err:
+                raise ValueError(f"{err} Delete it to start again.") from None
             self._check_args(path, data.get("args"))
             if path == self.final:
                 self.finished = data

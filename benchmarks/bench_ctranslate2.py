@@ -1,0 +1,156 @@
+"""CTranslate2 arm: translation speed of the main job's pruned layout against its full-size architecture, in
+CTranslate2 (float32 and int8) and in PyTorch, on the 1000 Multi30k test sentences.
+
+Models: the main job's architecture (Marian 6+6, d_model 256, 8 heads of 32, FFN 1024, a byte-level BPE tokenizer of
+8000 trained on Multi30k) with random weights, shrunk to
+- `full`: all 144 heads;
+- `pruned`: the main job's 36-head layout (recipes/results/wmt-small-deen-study/small-steps-cooldown-s0/layout.json,
+  uneven over the layers, so CTranslate2 runs it padded per stack);
+- `per-stack`: 36 heads with one count per stack (2 in every encoder layer, 2 in every decoder self- and
+  cross-attention: `ServingConstraints(same_heads_per_stack=True)`), which CTranslate2 runs without padding.
+Speed does not depend on the weights' values, but a random model's outputs have random lengths, so every arm decodes
+exactly `--length` target tokens per sentence (`min_decoding_length = max_decoding_length`; PyTorch:
+`min_new_tokens = max_new_tokens`): the arms do the same number of steps and the speed-ups are compute speed-ups.
+
+FLOP-ideal speed-up: matmul FLOPs of PyTorch's `generate` for one batch at the same lengths (`prunetrain.bench.
+count_flops`), with the padding counted as executed (the padded arm's FLOPs are those of a model with every
+attention of a stack at the stack's largest head count). `share` = (speed-up − 1) / (ideal − 1).
+Goals (see docs/export.md): CTranslate2 pruned vs CTranslate2 full ≥ 0.9 of the FLOP-ideal speed-up; pruned in
+CTranslate2 ≥ 2.5× its own PyTorch beam-4 throughput.
+
+Take the numbers alone on the machine (interleaved rounds, same threads for both engines):
+
+    python benchmarks/bench_ctranslate2.py --threads 2 --wait-idle 600     # benchmarks/results/ctranslate2.json
+    python benchmarks/bench_ctranslate2.py --quick                          # smoke run (200 sentences, 1 round)
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+import _common as C
+import torch
+
+from prunetrain import HeadMask, find_heads, shrink
+from prunetrain.bench import count_flops
+
+REPO = Path(__file__).resolve().parents[1]
+LAYOUT = REPO / "recipes/results/wmt-small-deen-study/small-steps-cooldown-s0/layout.json"
+DATA = REPO.parent / "shared/data/multi30k"
+
+
+def arms(model) -> dict:
+    """name → (shrunk model, FLOP-equivalent model of what CTranslate2 executes)."""
+    kept = {s["name"]: s["num_heads"] for s in json.loads(LAYOUT.read_text())["sites"]}
+    stack = {"encoder_self": "encoder", "decoder_self": "decoder", "cross": "decoder"}
+    largest = {}
+    for site in find_heads(model):
+        largest[stack[site.kind]] = max(largest.get(stack[site.kind], 1), kept[site.name])
+
+    def keep(counts):
+        clone = copy.deepcopy(model)
+        shrink(clone, HeadMask.from_heads(clone, {s.name: range(counts(s), s.num_heads) for s in find_heads(clone)}))
+        return clone
+
+    pruned = keep(lambda s: kept[s.name])
+    return {"full": (model, model),
+            "pruned": (pruned, keep(lambda s: largest[stack[s.kind]])),
+            "per-stack": (keep(lambda s: 2),) * 2}
+
+
+def torch_translate(model, batches, beams: int, length: int) -> None:
+    with torch.inference_mode():
+        for batch in batches:
+            model.generate(**batch, num_beams=beams, do_sample=False, min_new_tokens=length,
+                           max_new_tokens=length)
+
+
+def ct2_translate(translator, token_batches, beams: int, length: int) -> None:
+    for tokens in token_batches:
+        translator.translate_batch(tokens, beam_size=beams, min_decoding_length=length,
+                                   max_decoding_length=length)
+
+
+def main():
+    p = C.parser(__doc__.splitlines()[0], repeats=5)
+    p.add_argument("--batch-size", type=int, default=32, help="sentences per batch (default 32)")
+    p.add_argument("--length", type=int, default=20, help="target tokens decoded per sentence (default 20)")
+    args = p.parse_args()
+    import ctranslate2
+    from transformers import MarianMTModel
+
+    from prunetrain.export.ctranslate2 import export_ctranslate2, padding_report
+    from prunetrain.mt.data import marian_config, read_parallel, train_tokenizer
+    from prunetrain.mt.translation import save_translation_model
+
+    C.quiet_transformers()
+    env = C.setup(args)
+    threads = args.threads or torch.get_num_threads()
+    tokenizer = train_tokenizer(read_parallel(DATA, "train"), vocab_size=8000)
+    sources = [s for s, _ in read_parallel(DATA, "test")][: 200 if args.quick else None]
+    torch.manual_seed(0)
+    models = arms(MarianMTModel(marian_config(tokenizer, attn_implementation="sdpa")).eval())
+    work = Path(tempfile.mkdtemp())
+    encoded = [tokenizer(sources[i:i + args.batch_size], return_tensors="pt", padding=True)
+               for i in range(0, len(sources), args.batch_size)]
+    tokens = [[tokenizer.convert_ids_to_tokens(tokenizer(s)["input_ids"]) for s in sources[i:i + args.batch_size]]
+              for i in range(0, len(sources), args.batch_size)]
+    runners, rows = {}, {}
+    for name, (model, executed) in models.items():
+        saved = save_translation_model(model, tokenizer, work / name)
+        for quantization in ("float32", "int8"):
+            directory = work / f"{name}-{quantization}"
+            export_ctranslate2(model, directory, saved, quantization=quantization)
+            translator = ctranslate2.Translator(str(directory), device="cpu", inter_threads=1, intra_threads=threads,
+                                                compute_type=quantization)
+            for beams in (1, 4):
+                runners[(name, f"ct2-{quantization}", beams)] = (
+                    lambda t=translator, b=beams: ct2_translate(t, tokens, b, args.length))
+        for beams in (1, 4):
+            runners[(name, "pytorch", beams)] = lambda m=model, b=beams: torch_translate(m, encoded, b, args.length)
+            flops = count_flops(lambda m=executed, b=beams: torch_translate(m, encoded[:1], b, args.length)).total
+            rows[(name, beams)] = {"flops_one_batch": flops, **padding_report(model)}
+    times = {key: [] for key in runners}
+    keys = list(runners)
+    for key in keys:  # warm-up
+        runners[key]()
+    for r in range(1 if args.quick else args.repeats):
+        for key in keys[r % len(keys):] + keys[: r % len(keys)]:  # rotating order
+            start = time.perf_counter()
+            runners[key]()
+            times[key].append(time.perf_counter() - start)
+        print(f"round {r + 1} done", flush=True)
+    results = []
+    for (name, engine, beams), values in times.items():
+        seconds = statistics.median(values)
+        full_seconds = statistics.median(times[("full", engine, beams)])
+        ideal = rows[("full", beams)]["flops_one_batch"] / rows[(name, beams)]["flops_one_batch"]
+        speedup = full_seconds / seconds
+        results.append({"arm": name, "engine": engine, "beams": beams, "median_s": seconds,
+                        "sentences_per_s": len(sources) / seconds,
+                        "target_tokens_per_s": len(sources) * args.length / seconds,
+                        "speedup_vs_full_same_engine": speedup, "flop_ideal": ideal,
+                        "share_of_ideal": (speedup - 1) / (ideal - 1) if ideal > 1 else None,
+                        "vs_pytorch_same_arm": statistics.median(times[(name, "pytorch", beams)]) / seconds,
+                        "heads_kept": rows[(name, beams)]["heads_kept"],
+                        "heads_executed": rows[(name, beams)]["heads_executed"], "all_seconds": values})
+    print(f"\n{'arm':10} {'engine':14} {'beams':>5} {'sent/s':>8} {'tok/s':>8} {'vs full':>8} {'ideal':>6} "
+          f"{'share':>6} {'vs torch':>8}")
+    for row in results:
+        share = f"{row['share_of_ideal']:.2f}" if row["share_of_ideal"] is not None else "-"
+        print(f"{row['arm']:10} {row['engine']:14} {row['beams']:>5} {row['sentences_per_s']:8.1f} "
+              f"{row['target_tokens_per_s']:8.0f} {row['speedup_vs_full_same_engine']:8.2f} {row['flop_ideal']:6.2f} "
+              f"{share:>6} {row['vs_pytorch_same_arm']:8.2f}")
+    C.write_json(C.output_path(args, "ctranslate2"), {
+        "command": C.command_line(), **env, "threads": threads, "batch_size": args.batch_size,
+        "length": args.length, "sentences": len(sources), "ctranslate2": ctranslate2.__version__,
+        "torch": torch.__version__, "results": results})
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,170 @@
+"""Where the main recipe's training step spends its time, at 144, 108/72 (masked) and 72/36 (shrunk) heads, in bf16
+autocast and fp32: what shrinks with the heads and what does not.
+
+The model is the recipe's (Marian 6+6, d_model 256, 8 heads of 32, FFN 1024, eager attention, AdamW, gradient
+clipping at 1.0, a tokenizer of 8000 trained on Multi30k) with random weights (the work of a step does not depend on
+the weights' values), trained on the same real Multi30k batches of 64 sentences (length-grouped as the recipe's
+sampler makes them). Arms:
+- `144`: the full model;
+- `108 masked`, `72 masked`: the full model with a `HeadMask` attached (what the recipe trains between a prune and
+  the next shrink: the masked heads are still computed, the mask multiplies their output by 0);
+- `72 shrunk`, `36 shrunk`: heads removed; 36 is the main job's final layout
+  (recipes/results/wmt-small-deen-study/small-steps-cooldown-s0/layout.json), 72 keeps half of every site.
+Each step is timed in three parts (forward, backward, optimizer: clipping + AdamW + zero_grad), interleaved over the
+arms in rotating order, medians over `--repeats` rounds; one more step per arm runs under torch.profiler, whose aten
+self times are summed by category (matmul, attention softmax, layer norm, embedding, loss and log-softmax,
+optimizer element-wise ops, copies and reshapes, other) — the profiler slows small ops, so read its shares, not its
+absolute times. FLOP-ideal: matmul FLOPs of the full step over the arm's (`prunetrain.bench.count_flops`).
+
+    python benchmarks/profile_recipe_step.py --threads 2 --wait-idle 600   # benchmarks/results/recipe_step_profile.json
+    python benchmarks/profile_recipe_step.py --quick                        # smoke run
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import statistics
+import time
+from pathlib import Path
+
+import _common as C
+import torch
+
+from prunetrain import HeadMask, find_heads, shrink
+from prunetrain.bench import count_flops
+
+REPO = Path(__file__).resolve().parents[1]
+LAYOUT = REPO / "recipes/results/wmt-small-deen-study/small-steps-cooldown-s0/layout.json"
+DATA = REPO.parent / "shared/data/multi30k"
+CATEGORIES = {
+    "matmul": ("addmm", "aten::mm", "bmm", "baddbmm", "matmul", "linear"),
+    "softmax": ("softmax",),
+    "layer norm": ("layer_norm",),
+    "embedding": ("embedding",),
+    "loss": ("nll_loss", "cross_entropy", "log_softmax"),
+    "optimizer": ("_foreach", "addcdiv", "lerp", "sqrt", "clamp", "norm", "add_", "mul_", "div_"),
+    "copies": ("copy_", "contiguous", "cat", "index", "clone", "to_copy", "_to_copy", "fill_", "zero_", "empty"),
+}
+
+
+def category(op: str) -> str:
+    return next((name for name, keys in CATEGORIES.items() if any(k in op for k in keys)), "other")
+
+
+def arms(model) -> dict:
+    kept36 = {s["name"]: s["num_heads"] for s in json.loads(LAYOUT.read_text())["sites"]}
+
+    def removal(counts) -> HeadMask:
+        return HeadMask.from_heads(model, {s.name: range(counts(s), s.num_heads) for s in find_heads(model)})
+
+    def masked(counts):
+        clone = copy.deepcopy(model)
+        removal(counts).attach(clone)
+        return clone
+
+    def shrunk(counts):
+        clone = copy.deepcopy(model)
+        shrink(clone, removal(counts))
+        return clone
+
+    return {"144": model, "108 masked": masked(lambda s: 6), "72 masked": masked(lambda s: 4),
+            "72 shrunk": shrunk(lambda s: 4), "36 shrunk": shrunk(lambda s: kept36[s.name])}
+
+
+class Step:
+    """One arm: the model, AdamW, its batches; `run()` trains one step and returns (forward, backward, optimizer) s."""
+
+    def __init__(self, model, batches, bf16: bool):
+        self.model, self.batches, self.bf16, self.i = model.train(), batches, bf16, 0
+        self.optimizer = torch.optim.AdamW(model.parameters(), lr=1e-5)
+
+    def run(self) -> tuple[float, float, float]:
+        batch = self.batches[self.i % len(self.batches)]
+        self.i += 1
+        start = time.perf_counter()
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=self.bf16):
+            loss = self.model(**batch).loss
+        forward = time.perf_counter()
+        loss.backward()
+        backward = time.perf_counter()
+        torch.nn.utils.clip_grad_norm_(self.model.parameters(), 1.0)
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        end = time.perf_counter()
+        return forward - start, backward - forward, end - backward
+
+
+def profile_step(step: Step) -> dict[str, float]:
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        start = time.perf_counter()
+        step.run()
+        wall = time.perf_counter() - start
+    shares = dict.fromkeys([*CATEGORIES, "other"], 0.0)
+    for event in prof.key_averages():
+        if not event.key.startswith(("[", "ProfilerStep", "Optimizer")):
+            shares[category(event.key)] += event.self_cpu_time_total / 1e6
+    shares["outside aten (Python, hooks)"] = max(wall - sum(shares.values()), 0.0)
+    return {k: v / wall for k, v in shares.items()}
+
+
+def main() -> None:
+    p = C.parser(__doc__.splitlines()[0], repeats=8)
+    p.add_argument("--batch", type=int, default=64)
+    p.add_argument("--num-batches", type=int, default=6)
+    args = p.parse_args()
+    from transformers import MarianMTModel
+
+    from prunetrain.mt.data import build_dataset, make_collator, marian_config, read_parallel, train_tokenizer
+
+    C.quiet_transformers()
+    env = C.setup(args)
+    pairs = read_parallel(DATA, "train")
+    tokenizer = train_tokenizer(pairs, vocab_size=8000)
+    torch.manual_seed(0)
+    model = MarianMTModel(marian_config(tokenizer, attn_implementation="eager"))
+    dataset = build_dataset(pairs[: args.batch * args.num_batches * 8], tokenizer, max_length=128)
+    order = sorted(range(len(dataset)), key=lambda i: len(dataset[i]["input_ids"]))
+    chunks = [order[i:i + args.batch] for i in range(0, len(order) - args.batch + 1, args.batch)]
+    chunks = [chunks[round(k * (len(chunks) - 1) / max(1, args.num_batches - 1))] for k in range(args.num_batches)]
+    collate = make_collator(tokenizer, model)
+    batches = [collate([dataset[i] for i in chunk]) for chunk in chunks]
+    models = arms(model)
+    flops = {name: count_flops(lambda m=m: m(**batches[0]).loss.backward()).total for name, m in models.items()}
+    for m in models.values():
+        m.zero_grad(set_to_none=True)
+    results = {}
+    for precision in ("bf16", "fp32"):
+        steps = {name: Step(m, batches, precision == "bf16") for name, m in models.items()}
+        for step in steps.values():
+            step.run()
+        parts = {name: [] for name in steps}
+        names = list(steps)
+        for r in range(2 if args.quick else args.repeats):
+            for name in names[r % len(names):] + names[: r % len(names)]:
+                for _ in range(len(batches)):  # every batch once per round: the same work for every arm
+                    parts[name].append(steps[name].run())
+        for name, step in steps.items():
+            medians = [statistics.median(p[k] for p in parts[name]) for k in range(3)]
+            results[(precision, name)] = {"forward_s": medians[0], "backward_s": medians[1],
+                                          "optimizer_s": medians[2], "step_s": sum(medians),
+                                          "flop_ideal": flops["144"] / flops[name],
+                                          "heads": find_heads(step.model).total_heads,
+                                          "profile_shares": profile_step(step)}
+    print(f"\n{'precision':9} {'arm':11} {'step s':>7} {'fwd':>6} {'bwd':>6} {'optim':>6} {'speed':>6} {'ideal':>6}  "
+          "profile shares (matmul / softmax / norm / embed / loss / optim / copies / other / outside)")
+    for (precision, name), row in results.items():
+        full = results[(precision, "144")]
+        s = row["profile_shares"]
+        print(f"{precision:9} {name:11} {row['step_s']:7.3f} {row['forward_s']:6.3f} {row['backward_s']:6.3f} "
+              f"{row['optimizer_s']:6.3f} {full['step_s'] / row['step_s']:6.2f} {row['flop_ideal']:6.2f}  "
+              + " / ".join(f"{v:.2f}" for v in s.values()))
+    C.write_json(C.output_path(args, "recipe_step_profile"), {
+        "command": C.command_line(), **env, "threads": torch.get_num_threads(), "batch": args.batch,
+        "results": [{"precision": p, "arm": n, **row} for (p, n), row in results.items()]})
+
+
+if __name__ == "__main__":
+    main()

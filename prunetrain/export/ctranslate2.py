@@ -1,0 +1,307 @@
+"""CTranslate2 export of pruned translation models (Marian), exact in float32, checked in the engine itself.
+
+CTranslate2 (OpenNMT's inference engine, `pip install ctranslate2`) reads one query-head count per stack
+(`encoder/num_heads`; `decoder/num_heads`, shared by the decoder's self- and cross-attention) and the head size per
+layer, so a model whose layers keep different numbers of heads is written **padded**: every attention of a stack gets
+the largest head count of that stack (at least one), the added heads having zero query, key and value rows and zero
+output-projection columns. Such a head attends somewhere, but its values are zero and its output columns are zero, so
+it adds exactly 0 to the layer's output; a layer with no heads left outputs exactly its output projection's bias, as
+in PyTorch. The padding is reported (`heads_executed` against `heads_kept`); a layout with the same count in every
+encoder layer and the same in every decoder attention runs with none.
+
+The weights are mapped by CTranslate2's own transformers loader for Marian (its public converter API), with what a
+model trained by prunetrain needs beyond OPUS-MT: the whole vocabulary is kept in tokenizer order (OPUS-MT's loader
+drops a trailing `<pad>`), the decoder starts from the pad token's real embedding (a tied embedding is trained, so it
+is not the zero vector OPUS-MT assumes), and the pad token, which Marian never generates (`translate` suppresses it),
+gets an output bias of -inf, so the engine never generates it either, with no option to remember.
+
+Every export is checked before it is moved into place: CTranslate2 scores a probe translation (`score_batch`, the
+log-probability of each target token given the source), and in float32 the model's own log-probabilities must agree
+within `TOLERANCE`. A quantized type (`int8`, ...) is written from the same checked mapping and its difference is
+reported, not bounded.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from prunetrain.engine.heads import find_heads
+
+QUANTIZATIONS = ("float32", "int8", "int8_float32", "int16", "float16", "bfloat16", "int8_float16", "int8_bfloat16")
+"""CTranslate2's weight types (`--quantization`); float32 is exact, the others are checked with a looser bound."""
+TOLERANCE = 1e-4
+STACKS = {"encoder_self": "encoder", "decoder_self": "decoder", "cross": "decoder"}
+
+
+def ctranslate2_reason(model: nn.Module, tokenizer_dir: str | Path | None) -> str | None:
+    """None when `model` (with the tokenizer in `tokenizer_dir`) can be written for CTranslate2, else why not."""
+    from prunetrain.utils.extras import packages_missing
+
+    missing = packages_missing("ctranslate2")
+    if missing:
+        return missing
+    if getattr(model.config, "model_type", None) != "marian":
+        return (f"CTranslate2 export covers Marian translation models (MarianMTModel); {type(model).__name__} "
+                f"({getattr(model.config, 'model_type', '?')}) is not one.")
+    if getattr(model.config, "normalize_before", False):
+        return "CTranslate2 export covers post-norm Marian models; this one is pre-norm."
+    from prunetrain.engine.mask import attached_masks
+
+    if attached_masks(model):
+        return ("the model has head masks attached, which CTranslate2 cannot run; remove the masked heads first "
+                "(prunetrain.shrink(model, mask), or `prunetrain shrink`) and export the shrunk model.")
+    if tokenizer_dir is None or not (Path(tokenizer_dir) / "tokenizer.json").is_file():
+        return ("CTranslate2 needs the model's vocabulary: export from a directory that carries its tokenizer "
+                "(tokenizer.json), as save_translation_model and the recipes write it.")
+    return None
+
+
+def stack_heads(model: nn.Module) -> dict[str, int]:
+    """The query-head count CTranslate2 runs per stack: the largest count kept in it (at least one)."""
+    counts = {"encoder": 1, "decoder": 1}
+    for site in find_heads(model):
+        stack = STACKS[site.kind]
+        counts[stack] = max(counts[stack], site.num_heads)
+    return counts
+
+
+def padding_report(model: nn.Module) -> dict:
+    """Heads kept by the model and heads CTranslate2 executes once every attention of a stack is padded."""
+    counts = stack_heads(model)
+    sites = list(find_heads(model))
+    return {"heads_kept": sum(s.num_heads for s in sites),
+            "heads_executed": sum(counts[STACKS[s.kind]] for s in sites),
+            "num_heads": counts}
+
+
+class _Padded(nn.Module):
+    """A linear layer's weights with zero rows (q/k/v: `rows`) or zero columns (output projection) appended."""
+
+    def __init__(self, linear: nn.Linear, width: int, columns: bool):
+        super().__init__()
+        weight = linear.weight.detach().float()
+        if columns:
+            self.weight = torch.cat([weight, weight.new_zeros(weight.shape[0], width - weight.shape[1])], dim=1)
+            self.bias = None if linear.bias is None else linear.bias.detach().float()
+        else:
+            self.weight = torch.cat([weight, weight.new_zeros(width - weight.shape[0], weight.shape[1])], dim=0)
+            if linear.bias is not None:
+                bias = linear.bias.detach().float()
+                self.bias = torch.cat([bias, bias.new_zeros(width - bias.shape[0])])
+            else:
+                self.bias = None
+
+
+def _loader_class():
+    from ctranslate2.converters.transformers import MarianMTLoader
+    from ctranslate2.specs import transformer_spec
+
+    class PaddedMarianLoader(MarianMTLoader):
+        """CTranslate2's Marian loader for a model whose layers keep different numbers of heads (see the module)."""
+
+        def __init__(self, heads: dict[str, int], head_dim: int, pad_token_id: int):
+            self.heads, self.head_dim, self.pad_token_id = heads, head_dim, pad_token_id
+            self._stack = "encoder"
+
+        def get_model_spec(self, model):
+            from ctranslate2.converters.transformers import _SUPPORTED_ACTIVATIONS
+
+            config = model.config
+            activation = _SUPPORTED_ACTIVATIONS[config.activation_function]
+            encoder = transformer_spec.TransformerEncoderSpec(
+                config.encoder_layers, self.heads["encoder"], pre_norm=False, activation=activation,
+                head_dim=self.head_dim)
+            decoder = transformer_spec.TransformerDecoderSpec(
+                config.decoder_layers, self.heads["decoder"], pre_norm=False, activation=activation,
+                head_dim=self.head_dim)
+            spec = transformer_spec.TransformerSpec(encoder, decoder)
+            self._stack = "encoder"
+            self.set_encoder(spec.encoder, model.model.encoder)
+            self._stack = "decoder"
+            self.set_decoder(spec.decoder, model.model.decoder)
+            self.set_linear(spec.decoder.projection, model.lm_head)
+            bias = model.final_logits_bias.detach().float().reshape(-1).clone()
+            bias[self.pad_token_id] = -math.inf  # never generated, as prunetrain's translate suppresses it
+            spec.decoder.projection.bias = bias
+            return spec
+
+        def set_decoder(self, spec, decoder):
+            super().set_decoder(spec, decoder)
+            spec.start_from_zero_embedding = False  # the pad token's trained embedding starts decoding
+
+        def set_attention(self, spec, attention, self_attention=False):
+            width = self.heads[self._stack] * self.head_dim
+            padded = nn.Module()
+            for name in ("q_proj", "k_proj", "v_proj"):
+                setattr(padded, name, _Padded(getattr(attention, name), width, columns=False))
+            padded.out_proj = _Padded(attention.out_proj, width, columns=True)
+            super().set_attention(spec, padded, self_attention=self_attention)
+
+        def set_config(self, config, model, tokenizer):
+            config.eos_token = tokenizer.eos_token
+            config.unk_token = tokenizer.unk_token
+            config.decoder_start_token = tokenizer.convert_ids_to_tokens(model.config.decoder_start_token_id)
+
+        def get_vocabulary(self, model, tokenizer):
+            vocab = tokenizer.get_vocab()
+            tokens = [token for token, _ in sorted(vocab.items(), key=lambda item: item[1])]
+            if [vocab[t] for t in tokens] != list(range(len(tokens))) or len(tokens) != model.config.vocab_size:
+                raise ValueError(f"source: the tokenizer's ids are not 0..{model.config.vocab_size - 1} (it holds "
+                                 f"{len(tokens)} tokens for a model with vocab_size {model.config.vocab_size}); "
+                                 f"CTranslate2 reads the vocabulary by position.")
+            return tokens
+
+    return PaddedMarianLoader
+
+
+def export_ctranslate2(model: nn.Module, out: Path, tokenizer_dir: str | Path,
+                       quantization: str = "float32") -> dict[str, float | None]:
+    """Write `model` to `out` as a CTranslate2 model directory (padded per stack) and check it in CTranslate2.
+
+    The float32 conversion is always written and checked first (the weight mapping must be exact: log-probabilities
+    within `TOLERANCE`, else nothing is written); a quantized type is then written over it and its difference is
+    measured and reported, not bounded (quantization changes the model by design; benchmarks/bench_ctranslate2.py
+    measures its BLEU).
+
+    Args:
+        model: a (pruned) post-norm `MarianMTModel`; attached masks count (the check runs the model with them).
+        out: the directory to create (it must not exist).
+        tokenizer_dir: the directory holding the model's tokenizer.json.
+        quantization: one of `QUANTIZATIONS`.
+
+    Returns:
+        {"max_abs_diff": float32 |Δ log p|, "max_abs_diff_quantized": the quantized type's, or None}.
+    """
+    from ctranslate2.converters.converter import Converter
+
+    from prunetrain.utils.validate import check_choice
+
+    check_choice("quantization", quantization, QUANTIZATIONS)
+    reason = ctranslate2_reason(model, tokenizer_dir)
+    if reason:
+        raise ValueError(f"format: {reason}")
+    tokenizer = _load_tokenizer(tokenizer_dir)
+    head_dim = next(iter(find_heads(model))).head_dim
+    loader = _loader_class()(stack_heads(model), head_dim, model.config.pad_token_id)
+    if any(p.dtype != torch.float32 for p in model.parameters()):  # converted in a copy: the caller's model stays
+        model = copy.deepcopy(model).float()
+    model.eval()
+
+    class _Converter(Converter):
+        def _load(self):
+            return loader(model, tokenizer)
+
+    _Converter().convert(str(out), quantization="float32")
+    _write_extras(out, model, tokenizer, quantization)
+    diff = score_difference(model, tokenizer, out)
+    if not diff <= TOLERANCE:
+        raise ValueError(f"format: the CTranslate2 model's log-probabilities differ from the model's by {diff:.3g} "
+                         f"(allowed {TOLERANCE:g} in float32); nothing was written.")
+    if quantization == "float32":
+        return {"max_abs_diff": diff, "max_abs_diff_quantized": None}
+    _Converter().convert(str(out), quantization=quantization, force=True)  # replaces the float32 directory
+    _write_extras(out, model, tokenizer, quantization)
+    return {"max_abs_diff": diff, "max_abs_diff_quantized": score_difference(model, tokenizer, out)}
+
+
+def _load_tokenizer(directory: str | Path):
+    """The fast tokenizer saved in `directory` (local files only)."""
+    from transformers import PreTrainedTokenizerFast
+
+    try:
+        return PreTrainedTokenizerFast.from_pretrained(str(directory), local_files_only=True)
+    except Exception as err:  # a damaged file: json, tokenizers and transformers raise their own types
+        raise ValueError(f"source: the tokenizer in {str(directory)!r} could not be read ({type(err).__name__}: "
+                         f"{' '.join(str(err).split())[:200]}).") from err
+
+
+INFO_FILE = "prunetrain_ctranslate2.json"
+
+
+def _write_extras(out: Path, model: nn.Module, tokenizer, quantization: str) -> None:
+    """The tokenizer (CTranslate2 takes tokens; it turns text into them) and what the engine cannot say itself: the
+    position limit, the weight type and the padding (`INFO_FILE`)."""
+    import json
+
+    tokenizer.save_pretrained(out)
+    info = {"max_position_embeddings": model.config.max_position_embeddings, "quantization": quantization,
+            **padding_report(model)}
+    (out / INFO_FILE).write_text(json.dumps(info, indent=2) + "\n", encoding="utf-8")
+
+
+PROBE_SOURCES = ("Ein Mann fährt mit dem Fahrrad durch die Stadt.", "Zwei Hunde spielen im Schnee.")
+
+
+def score_difference(model: nn.Module, tokenizer, directory: Path) -> float:
+    """max |Δ| between CTranslate2's per-token log-probabilities (`score_batch`) and the model's, on the model's own
+    greedy translation of `PROBE_SOURCES` (log-softmax with the pad token suppressed, as CTranslate2 runs it)."""
+    import ctranslate2
+
+    translator = ctranslate2.Translator(str(directory), device="cpu", inter_threads=1, intra_threads=1)
+    batch = tokenizer(list(PROBE_SOURCES), return_tensors="pt", padding=True)
+    with torch.no_grad():
+        generated = model.generate(**batch, num_beams=1, do_sample=False, max_new_tokens=16,
+                                   suppress_tokens=[model.config.pad_token_id])[:, 1:]
+    worst = 0.0
+    for i in range(len(PROBE_SOURCES)):
+        source_ids = batch["input_ids"][i][batch["attention_mask"][i].bool()].tolist()
+        target_ids = generated[i].tolist()
+        if model.config.eos_token_id in target_ids:
+            target_ids = target_ids[: target_ids.index(model.config.eos_token_id)]
+        target_ids = [t for t in target_ids if t != model.config.pad_token_id]
+        ours = _log_probs(model, source_ids, target_ids + [model.config.eos_token_id])
+        scored = translator.score_batch([tokenizer.convert_ids_to_tokens(source_ids)],
+                                        [tokenizer.convert_ids_to_tokens(target_ids)])[0]
+        theirs = torch.tensor(scored.log_probs, dtype=torch.float64)
+        if theirs.shape != ours.shape:
+            return math.inf
+        worst = max(worst, float((theirs - ours).abs().max()))
+    return worst
+
+
+def _log_probs(model: nn.Module, source_ids: list[int], target_ids: list[int]) -> torch.Tensor:
+    """log p(target_t | source, target_<t) for each target token (the decoder starts from its start token)."""
+    start = model.config.decoder_start_token_id
+    with torch.no_grad():
+        logits = model(input_ids=torch.tensor([source_ids]),
+                       decoder_input_ids=torch.tensor([[start] + target_ids[:-1]])).logits[0].double()
+    logits[:, model.config.pad_token_id] = -math.inf
+    return logits.log_softmax(-1).gather(1, torch.tensor(target_ids).unsqueeze(1)).squeeze(1)
+
+
+def translate_ctranslate2(directory: str | Path, sources: list[str], num_beams: int = 1,
+                          max_new_tokens: int | None = None,
+                          batch_size: int = 32, threads: int = 1, length_penalty: float = 1.0,
+                          compute_type: str = "default") -> list[str]:
+    """Translate `sources` with a CTranslate2 directory written by `export_ctranslate2` (its tokenizer inside):
+    `num_beams` and `length_penalty` as in `translate`; `max_new_tokens` (None: as many as the model's positions
+    allow, at most 256) bounds every output; `compute_type` is CTranslate2's (e.g. "int8" on a float32 export)."""
+    import ctranslate2
+
+    if isinstance(sources, str) or not all(isinstance(s, str) for s in sources):
+        raise ValueError("sources: expected a list of sentences (strings), not a single string or other values.")
+    from prunetrain.utils.files import read_json
+
+    info = read_json(Path(directory) / INFO_FILE, "directory")
+    positions = info.get("max_position_embeddings")
+    if isinstance(positions, bool) or not isinstance(positions, int) or positions < 2:
+        raise ValueError(f"directory: {str(Path(directory) / INFO_FILE)!r} states max_position_embeddings "
+                         f"{positions!r}; expected a whole number ≥ 2 (written by export_ctranslate2).")
+    max_new_tokens = min(max_new_tokens or 256, positions - 1)
+    tokenizer = _load_tokenizer(directory)
+    translator = ctranslate2.Translator(str(directory), device="cpu", inter_threads=1, intra_threads=threads,
+                                        compute_type=compute_type)
+    tokens = [tokenizer.convert_ids_to_tokens(tokenizer(s)["input_ids"]) for s in sources]
+    results = translator.translate_batch(tokens, beam_size=num_beams, max_decoding_length=max_new_tokens,
+                                         max_batch_size=batch_size, length_penalty=length_penalty)
+    return [tokenizer.decode(tokenizer.convert_tokens_to_ids(r.hypotheses[0]), skip_special_tokens=True)
+            for r in results]
+
+
+__all__ = ["QUANTIZATIONS", "ctranslate2_reason", "export_ctranslate2", "padding_report", "stack_heads",
+           "translate_ctranslate2"]
