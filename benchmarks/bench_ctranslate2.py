@@ -80,6 +80,7 @@ def main():
     p = C.parser(__doc__.splitlines()[0], repeats=5)
     p.add_argument("--batch-size", type=int, default=32, help="sentences per batch (default 32)")
     p.add_argument("--length", type=int, default=20, help="target tokens decoded per sentence (default 20)")
+    p.add_argument("--sentences", type=int, default=1000, help="Multi30k test sentences (default: all 1000)")
     args = p.parse_args()
     import ctranslate2
     from transformers import MarianMTModel
@@ -92,7 +93,7 @@ def main():
     env = C.setup(args)
     threads = args.threads or torch.get_num_threads()
     tokenizer = train_tokenizer(read_parallel(DATA, "train"), vocab_size=8000)
-    sources = [s for s, _ in read_parallel(DATA, "test")][: 200 if args.quick else None]
+    sources = [s for s, _ in read_parallel(DATA, "test")][: 200 if args.quick else args.sentences]
     torch.manual_seed(0)
     models = arms(MarianMTModel(marian_config(tokenizer, attn_implementation="sdpa")).eval())
     work = Path(tempfile.mkdtemp())
