@@ -407,18 +407,23 @@ def test_cli_export_check_and_errors(tmp_path, capsys, monkeypatch):
     code, out, err = _cli_in_process(capsys, monkeypatch, source, tmp_path / "out", "--format", "padded")
     assert code == 0, err
     assert json.loads(out)["format"] == "padded" and (tmp_path / "out" / "model.safetensors").is_file()
+    (tmp_path / "dir-config" / "config.json").mkdir(parents=True)
+    (tmp_path / "loop-config").mkdir()
+    (tmp_path / "loop-config" / "config.json").symlink_to(tmp_path / "loop-config" / "config.json")
 
     for args, message in [
         ((source, tmp_path / "out", "--format", "padded"), "already exists and is not empty; pass --overwrite"),
         ((source, tmp_path / "u", "--format", "uniform"),
          "prunetrain: error: format: 'uniform' needs the same number of heads at every site"),
         ((tmp_path / "missing", tmp_path / "y"), "is not a saved model directory (no config.json)"),
+        ((tmp_path / "dir-config", tmp_path / "y"), "(its config.json is not a regular file)"),
+        ((tmp_path / "loop-config", tmp_path / "y"), "(its config.json is a link that leads nowhere or in a loop)"),
         (("--check", source, tmp_path / "z"), "destination: --check writes nothing; give only SOURCE."),
     ]:
         code, out, err = _cli_in_process(capsys, monkeypatch, *args)
         assert code == 2 and message in err, (args, err)
         assert len(err.strip().splitlines()) == 1 and "Traceback" not in err and out == ""
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["out", "pruned"]  # nothing half-written
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["dir-config", "loop-config", "out", "pruned"]  # nothing more
 
 
 def test_cli_export_is_a_real_command(tmp_path):

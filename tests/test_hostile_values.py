@@ -213,6 +213,7 @@ def test_translate_refuses_a_bare_string_and_bool_counts(model_dir):
         (["Ein Hund."], {"num_beams": True}, r"^num_beams: True is not allowed"),
         (["Ein Hund."], {"max_new_tokens": 0}, r"^max_new_tokens: 0 is not allowed"),
         (["Ein Hund."], {"max_source_length": True}, r"^max_source_length: True is not allowed"),
+        (["Ein Hund."], {"device": "nonsense"}, r"^device: 'nonsense' is not a device; expected e.g. 'cpu'"),
         (["Ein Hund."], {"suppress_pad": 1}, r"^suppress_pad: 1 is not allowed; expected True or False\.$"),
     ]:
         with pytest.raises(ValueError, match=message):
@@ -483,3 +484,31 @@ def test_importance_and_prune_refuse_a_sentence_longer_than_the_models_positions
     write()
     assert_one_line(run_main(monkeypatch, capsys, "importance", model_dir, "--data-dir", data),
                     r"line 5 of '.*valid.en' has 128 or more tokens, more than the model's 64 positions")
+
+
+def test_a_curve_callback_refuses_a_metric_key_or_metric_of_the_wrong_kind():
+    for kwargs, message in [({"metric": lambda model: 1.0, "metric_key": 3}, r"^metric_key: 3 is not allowed"),
+                            ({"metric": lambda model: 1.0, "metric_key": ""}, r"^metric_key: '' is not allowed"),
+                            ({"metric": "bleu"}, r"^metric: 'bleu' is not a callable model")]:
+        with pytest.raises(ValueError, match=message):
+            pt.PruningCurveCallback(Schedule(at_steps=[2]), **kwargs)
+
+
+def test_a_comparison_that_fails_while_writing_leaves_nothing(tmp_path, monkeypatch):
+    """compare writes into a staging directory renamed in whole: a failure part-way (here the Markdown table, after
+    the figure and compare.json) leaves no output behind. Two real runs of the payoff study are compared."""
+    import prunetrain.mt.compare as compare
+
+    study = Path(__file__).resolve().parents[1] / "recipes/results/wmt-small-deen-study"
+    runs = [study / "off-cooldown-s0", study / "small-steps-cooldown-s0"]
+
+    def fail(comparison):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(compare, "comparison_markdown", fail)
+    with pytest.raises(OSError):
+        compare.write_comparison(runs, tmp_path / "out", samples=10)
+    assert list(tmp_path.iterdir()) == []
+    monkeypatch.undo()
+    compare.write_comparison(runs, tmp_path / "out", samples=10)
+    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["compare.json", "compare.md", "compare.png"]

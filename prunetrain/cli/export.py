@@ -47,8 +47,11 @@ def export_command(
             from prunetrain.export.ctranslate2 import QUANTIZATIONS
 
             check_choice("--quantization", quantization, QUANTIZATIONS)
-    if not (source / "config.json").is_file():
-        raise UserError(f"source: {str(source)!r} is not a saved model directory (no config.json).")
+    config = source / "config.json"
+    if not config.is_file():
+        what = ("its config.json is a link that leads nowhere or in a loop" if config.is_symlink()
+                else "its config.json is not a regular file" if config.exists() else "no config.json")
+        raise UserError(f"source: {str(source)!r} is not a saved model directory ({what}).")
     if check:
         if destination is not None:
             raise UserError("destination: --check writes nothing; give only SOURCE.")

@@ -288,6 +288,7 @@ def write_comparison(run_dirs: list[str | Path], output: str | Path, names: list
     from prunetrain.mt.report import training_figure
 
     from prunetrain.mt.compare_arms import compare_arms
+    from prunetrain.utils.output_paths import replace_directory, staging_directory
 
     from prunetrain.utils.validate import check_int
 
@@ -313,15 +314,18 @@ def write_comparison(run_dirs: list[str | Path], output: str | Path, names: list
     labels = run_labels(names, loaded)
     runs = dict(zip(labels, loaded))
     comparison = dict(compare_runs(runs), **arms)
-    output.mkdir(parents=True, exist_ok=True)
     first, *others = labels
-    figure = training_figure(output, dict(runs[first], trained_name=_plot_label(first)),
-                             {_plot_label(n): runs[n] for n in others})
-    if figure:
-        (output / figure).replace(output / "compare.png")
-        (output / "figures").rmdir()
-    (output / "compare.json").write_text(json.dumps(comparison, indent=1))
-    (output / "compare.md").write_text(comparison_markdown(comparison) + "\n![BLEU over training time](compare.png)\n")
+    with staging_directory(output) as staging:  # built beside it and renamed in whole: a failure leaves nothing
+        built = staging / "out"
+        built.mkdir()
+        figure = training_figure(built, dict(runs[first], trained_name=_plot_label(first)),
+                                 {_plot_label(n): runs[n] for n in others})
+        if figure:
+            (built / figure).replace(built / "compare.png")
+            (built / "figures").rmdir()
+        (built / "compare.json").write_text(json.dumps(comparison, indent=1))
+        (built / "compare.md").write_text(comparison_markdown(comparison) + "\n![BLEU over training time](compare.png)\n")
+        replace_directory(built, output)
     return comparison
 
 

@@ -116,6 +116,14 @@ def _check_decoding(batch_size, num_beams, max_new_tokens=None, max_source_lengt
     check_bool("suppress_pad", suppress_pad)
 
 
+def _torch_device(device) -> torch.device:
+    """`device` as a torch.device, or one line naming the argument (torch's own error lists its whole grammar)."""
+    try:
+        return torch.device(device)
+    except (RuntimeError, TypeError):
+        raise ValueError(f"device: {device!r} is not a device; expected e.g. 'cpu', 'cuda' or 'cuda:0'.") from None
+
+
 def _decode_rows(tokenizer, outputs: list, rows: Sequence[int], pieces) -> None:
     """Detokenize `pieces` (token id lists) into `outputs` at their input positions `rows`."""
     texts = tokenizer.batch_decode(pieces, skip_special_tokens=True, clean_up_tokenization_spaces=False)
@@ -154,7 +162,7 @@ def translate(model: nn.Module, tokenizer, sources: Sequence[str], *, batch_size
     if not getattr(getattr(model, "config", None), "is_encoder_decoder", False):
         raise ValueError(f"translate: needs an encoder-decoder model (e.g. MarianMTModel), not {type(model).__name__}.")
     original_device = device_of(model)
-    device = torch.device(device) if device is not None else original_device
+    device = _torch_device(device) if device is not None else original_device
     was_training = model.training
 
     encoded = tokenizer(sources, truncation=max_source_length is not None, max_length=max_source_length,

@@ -87,6 +87,9 @@ class PruningCurveCallback(ScheduledCallback):
                                                             self.importance.options)
         self.importance_batches, self.num_batches = self.importance.batches, self.importance.num_batches
         self._sample: ImportanceSample | None = None  # the default importance batches (no `batches` given)
+        if metric_key is not None and (not isinstance(metric_key, str) or not metric_key):
+            raise ValueError(f"metric_key: {metric_key!r} is not allowed; expected the name (a non-empty string) of "
+                             f"the entry to plot when the metric returns a dict, or None.")
         self.metric, self.metric_key = metric, metric_key or "value"
         self.curves: dict[int, dict] = {}  # global step -> {"step", "epoch", "label", "kind", "curves": {...}}
 

@@ -369,7 +369,7 @@ def _take_lock(lock: Path, destination, flag: str) -> int:
             descriptor = os.open(lock, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o666)
         except OSError as err:
             raise ValueError(f"{flag}: cannot create the lock file {str(lock)!r} beside {str(destination)!r} "
-                             f"({err.strerror}); choose an {flag} in a directory you can write.") from None
+                             f"({err.strerror}); choose a {flag} in a directory you can write.") from None
         try:
             fcntl.flock(descriptor, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
