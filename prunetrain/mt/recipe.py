@@ -26,6 +26,7 @@ from prunetrain.utils.validate import check_choice, check_fraction, check_int, c
 RECIPES_DIR = Path(__file__).resolve().parent / "recipes"  # shipped as package data
 KINDS = ("encoder_self", "decoder_self", "cross")  # the attention kinds of the recipes' Marian model
 PRECISIONS = ("auto", "bf16", "fp32")
+TRAIN_PRECISIONS = PRECISIONS + ("measure",)  # measure: the faster of bf16 and fp32 on this machine, timed first
 ATTN_IMPLEMENTATIONS = ("eager", "sdpa", "flex_attention", "flash_attention_2")
 SCOPES = ("global", "layer", "kind")
 MODES = ("mask", "shrink")
@@ -118,7 +119,9 @@ class TrainConfig:
     weight_decay: float = 0.0
     label_smoothing: float = 0.1
     max_grad_norm: float = 1.0
-    precision: str = "auto"  # auto | bf16 | fp32; auto = bf16 autocast only where it is fast (prunetrain.utils.device)
+    precision: str = "auto"  # auto | bf16 | fp32 | measure; auto = bf16 autocast where the hardware has native bf16
+    # (prunetrain.utils.device); measure = a few real training steps in each native precision on a copy of the model
+    # before training, the faster one trains the run (prunetrain.bench.precision; recorded in precision_record.json)
     seed: int = 0
     max_steps: int = 0  # > 0: the run is this many optimizer steps (it overrides epochs); 0: epochs × steps/epoch
     max_flops: float = 0.0  # > 0: the run ends after the step at which its training FLOPs (matmul, forward +
@@ -147,7 +150,7 @@ class TrainConfig:
         if self.cooldown and self.max_flops and not self.cooldown * self.max_flops >= 1:
             raise ValueError(f"train.cooldown: {self.cooldown!r} of train.max_flops={self.max_flops!r} is less than "
                              f"one FLOP; the learning rate could not decay over it — give a larger share (e.g. 0.2).")
-        check_choice("train.precision", self.precision, PRECISIONS)
+        check_choice("train.precision", self.precision, TRAIN_PRECISIONS)
         _check_scheduler("train.scheduler", self.scheduler)
 
 

@@ -76,6 +76,7 @@ class RunInputs:
     curve_pairs: list
     test_pairs: list
     bf16: bool
+    precision: dict | None = None  # how the precision was chosen (train.precision=measure: the timings)
 
 
 def save_run_tokenizer(tokenizer, out_dir: Path) -> None:
@@ -100,7 +101,8 @@ def prepare_inputs(recipe: Recipe, tokenizer, model, pairs) -> RunInputs:
     test_pairs = test_pairs[: recipe.eval.test_limit] if recipe.eval.test_limit else test_pairs
     return RunInputs(tokenizer=tokenizer, train_set=D.build_dataset(train_pairs, tokenizer, max_length=max_length),
                      importance_batches=importance_batches, curve_pairs=valid_pairs[: p.curve_sentences],
-                     test_pairs=test_pairs, bf16=use_bf16(recipe.train.precision))
+                     test_pairs=test_pairs,
+                     bf16=recipe.train.precision != "measure" and use_bf16(recipe.train.precision))
 
 
 def build_model(recipe: Recipe, tokenizer):
@@ -301,7 +303,7 @@ def _run_locked(recipe: Recipe, out_dir: Path, *, resume: bool, overwrite: bool,
                 started: float) -> dict | None:
     """`run_recipe` once the run directory is locked (by rank 0)."""
     pairs, tokenizer = start_run(recipe, out_dir, resume=resume, overwrite=overwrite, progress=progress)
-    model, inputs, initial = set_up_model(recipe, tokenizer, pairs, progress=progress)
+    model, inputs, initial = set_up_model(recipe, tokenizer, pairs, out_dir=out_dir, progress=progress)
     callbacks, time_cap, clock = make_callbacks(recipe, inputs)
     train_start = time.time()
     model, resumed_from = train(recipe, model, inputs, out_dir, callbacks, resume=resume)
@@ -314,6 +316,8 @@ def _run_locked(recipe: Recipe, out_dir: Path, *, resume: bool, overwrite: bool,
     final["mask"].to_json(out_dir / "final_mask.json")
     bench = benchmark(recipe, inputs.tokenizer, final["pruned"], out_dir, inputs.bf16, progress)
     results = collect_results(recipe, out_dir, training, final, dict(bench=bench, saved=saved), started)
+    if inputs.precision is not None:
+        results["precision_measured"] = inputs.precision
     write_test_translations(out_dir, final["shrunk"])
     (out_dir / "results.json").write_text(json.dumps(results, indent=1))
     write_report(out_dir, results)
@@ -362,7 +366,42 @@ def _prepare(recipe: Recipe, out_dir: Path, pairs, *, resume: bool, overwrite: b
     return tokenizer
 
 
-def set_up_model(recipe: Recipe, tokenizer, pairs, *, progress: Callable[[str], None]):
+PRECISION_RECORD = "precision_record.json"
+
+
+def measured_precision(recipe: Recipe, model, inputs: RunInputs, out_dir: Path,
+                       progress: Callable[[str], None]) -> RunInputs:
+    """`train.precision=measure`: the faster of bf16 autocast and fp32 on this machine, timed on a copy of the model
+    over the run's first training batches (`prunetrain.bench.precision`), recorded in `precision_record.json`; a
+    resumed run trains on in the precision it started with (the record), never measuring again."""
+    import dataclasses
+
+    from prunetrain.bench.precision import time_precisions
+    from prunetrain.mt import data as D
+    from prunetrain.utils.files import read_json
+
+    path = out_dir / PRECISION_RECORD
+    if path.is_file():
+        record = read_json(path, "--resume")
+        if record.get("chosen") not in ("bf16", "fp32"):
+            raise ValueError(f"--resume: {str(path)!r} names no precision ('bf16' or 'fp32'); the run cannot go on "
+                             f"in the precision it started with.")
+        progress(f"precision: {record['chosen']}, as measured when the run started ({PRECISION_RECORD})")
+    else:
+        if ranks.launched_world_size() > 1:
+            raise ValueError("train.precision: 'measure' times one process; under torchrun give 'bf16' or 'fp32' "
+                             "(measure it first in one process).")
+        size = recipe.train.batch_size
+        sample = D.collate_batches(inputs.train_set, D.make_collator(inputs.tokenizer, model), size, limit=2 * size)
+        record = time_precisions(model, sample)
+        if ranks.is_main():
+            path.write_text(json.dumps(record, indent=1))
+        timings = ", ".join(f"{k} {v:.3f} s" for k, v in record["candidates"].items()) or record.get("why", "")
+        progress(f"precision measured per training step: {timings}; training in {record['chosen']}")
+    return dataclasses.replace(inputs, bf16=record["chosen"] == "bf16", precision=record)
+
+
+def set_up_model(recipe: Recipe, tokenizer, pairs, *, out_dir: Path, progress: Callable[[str], None]):
     """The model (with the recipe's initial architecture) and the run's inputs, with one progress line each;
     returns (model, inputs, initial)."""
     model = build_model(recipe, tokenizer)
@@ -371,6 +410,8 @@ def set_up_model(recipe: Recipe, tokenizer, pairs, *, progress: Callable[[str], 
         progress(f"initial architecture: {initial['heads']} heads {initial['per_kind']} from {initial['from']}, "
                  f"freshly initialised")
     inputs = prepare_inputs(recipe, tokenizer, model, pairs)
+    if recipe.train.precision == "measure":
+        inputs = measured_precision(recipe, model, inputs, out_dir, progress)
     progress(f"precision: {'bf16 autocast' if inputs.bf16 else 'fp32'} (train.precision={recipe.train.precision})")
     progress(f"model: {sum(x.numel() for x in model.parameters()) / 1e6:.1f} M parameters, "
              f"{find_heads(model).summary()}")
