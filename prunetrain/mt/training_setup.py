@@ -72,6 +72,7 @@ def train_seq2seq(model, args, train_set, tokenizer, callbacks=(), resume_from_c
     try:
         trainer.train(resume_from_checkpoint=resume_from_checkpoint)
     finally:
-        if use_cache is not None:
-            config.use_cache = use_cache
+        current = getattr(model, "config", None)  # a shrink gives the model its own copy of the config (own_config)
+        if use_cache is not None and current is not None:
+            current.use_cache = use_cache
     return trainer
