@@ -31,11 +31,11 @@ import torch
 from torch import nn
 
 from prunetrain.engine.heads import find_heads
+from prunetrain.methods.constraints import STACK_OF_KIND
 
 QUANTIZATIONS = ("float32", "int8", "int8_float32", "int16", "float16", "bfloat16", "int8_float16", "int8_bfloat16")
 """CTranslate2's weight types (`--quantization`); float32 is exact, the others are checked with a looser bound."""
 TOLERANCE = 1e-4
-STACKS = {"encoder_self": "encoder", "decoder_self": "decoder", "cross": "decoder"}
 
 
 def ctranslate2_reason(model: nn.Module, tokenizer_dir: str | Path | None) -> str | None:
@@ -65,7 +65,7 @@ def stack_heads(model: nn.Module) -> dict[str, int]:
     """The query-head count CTranslate2 runs per stack: the largest count kept in it (at least one)."""
     counts = {"encoder": 1, "decoder": 1}
     for site in find_heads(model):
-        stack = STACKS[site.kind]
+        stack = STACK_OF_KIND[site.kind]
         counts[stack] = max(counts[stack], site.num_heads)
     return counts
 
@@ -75,7 +75,7 @@ def padding_report(model: nn.Module) -> dict:
     counts = stack_heads(model)
     sites = list(find_heads(model))
     return {"heads_kept": sum(s.num_heads for s in sites),
-            "heads_executed": sum(counts[STACKS[s.kind]] for s in sites),
+            "heads_executed": sum(counts[STACK_OF_KIND[s.kind]] for s in sites),
             "num_heads": counts}
 
 
