@@ -9,7 +9,7 @@ Michel et al. (2019):  head_importance, HeadScores, select_heads, iterative_prun
                        HeadScope)
 Voita et al. (2019):   HardConcreteGates
 Trainer callbacks:     HeadPruningCallback, PruningCurveCallback, HardConcreteCallback, MetricPointsCallback,
-                       FlopCooldownCallback, DistillationCallback; their
+                       FlopCooldownCallback, TrainTimeCooldownCallback (TrainTime), DistillationCallback; their
                        options: Schedule (when), Heads (which), Importance (how), Output (where), CurveSweep,
                        GateTraining
 """
@@ -42,6 +42,7 @@ _LAZY = {
     "last_complete_checkpoint": "prunetrain.training.state",
     "MetricPointsCallback": "prunetrain.training.metric_points",
     "FlopCooldownCallback": "prunetrain.training.cooldown",
+    "TrainTimeCooldownCallback": "prunetrain.training.cooldown", "TrainTime": "prunetrain.training.training_clock",
     "DistillationCallback": "prunetrain.training.distillation",
     "Schedule": "prunetrain.training.options", "Heads": "prunetrain.training.options",
     "Importance": "prunetrain.training.options", "Output": "prunetrain.training.options",

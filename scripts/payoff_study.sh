@@ -5,11 +5,14 @@
 #   bash scripts/payoff_study.sh ARM SEED        e.g. bash scripts/payoff_study.sh off 1
 #
 # The run directory is checkpoints/study/ARM-sSEED (git-ignored); what the comparison needs (results.json, report.md,
-# test_translations.json, the final layout) is copied to recipes/results/wmt-small-deen-study/ARM-sSEED when the
-# run is complete. Run one at a time on a quiet machine (timings are recorded).
+# test_translations.json, final_translations/ with the validation and every test set's translations, the final
+# layout) is copied to recipes/results/wmt-small-deen-study/ARM-sSEED when the run is complete; the final model stays
+# in the run directory (git-ignored). Run one at a time on a quiet machine (timings are recorded).
 # Arms:
 #   small-steps          the main recipe's schedule, the default since the study chose it: 12.5 % of the heads masked
 #                        every 100 steps from step 300 to 800, shrinks at 400/600/800, 36 of 144 heads
+#   shrink-each          the small-steps schedule with each step's heads removed at once (shrinks at every pruning
+#                        step, 300 to 800): no masked stretch, every step after a pruning step is cheaper
 #   gradual              the previous default: 25/50/62.5/75 % masked at steps 400/600/800/1000, shrinks at 600/1000
 #   off                  pruning off: the full model
 #   scratch              the gradual run's final architecture (same seed), freshly initialised, trained from scratch
@@ -27,6 +30,10 @@
 # is kept as ARM-cooldown-sSEED, and with SCRATCH_FROM the architecture comes from SCRATCH_FROM-cooldown-sSEED. Without
 # COOLDOWN (or with COOLDOWN=0, 0.0, ...) the arm runs with train.cooldown=0, as every arm before the cooldown existed
 # (ARM-sSEED).
+# TIME_MINUTES=M defines the run by M minutes of training time instead of the FLOP budget (equal wall-clock:
+# train.max_flops=0, train.max_train_minutes=M, test BLEU at the same shares of it, the cooldown over its last share,
+# the wall-time guard train.max_minutes at 3·M + 30); kept as ARM[-cooldown]-timeMmin-sSEED, and a scratch arm takes
+# its architecture from the same kind of run. Run each alone on the machine: its length is the machine's speed.
 # RESUME=1 continues an interrupted run of the arm (`prunetrain recipe --resume`; its minutes then count only the
 # resumed part).
 set -euo pipefail
@@ -40,11 +47,19 @@ cooldown=${COOLDOWN:-0}
 [[ "$cooldown" =~ ^([0-9]+\.?[0-9]*|\.[0-9]+)$ ]] ||
   fail "COOLDOWN '$cooldown' is not a share of the FLOP budget (a number such as 0.2, or 0 for none)"
 suffix=; [[ "$cooldown" =~ ^0*\.?0*$ ]] || suffix=-cooldown  # any way of writing 0 is no cooldown
+budget=()
+if [ -n "${TIME_MINUTES:-}" ]; then
+  [[ "$TIME_MINUTES" =~ ^([1-9][0-9]*)$ ]] || fail "TIME_MINUTES '$TIME_MINUTES' is not a positive whole number of minutes"
+  budget=(--set train.max_flops=0 --set "train.max_train_minutes=$TIME_MINUTES" --set 'eval.test_flops=[]'
+          --set 'eval.test_times=[0.2, 0.4, 0.6, 0.8, 0.9]' --set "train.max_minutes=$((3 * TIME_MINUTES + 30))")
+  suffix="$suffix-time${TIME_MINUTES}min"
+fi
 case "${RESUME:-0}" in 0|1) ;; *) fail "RESUME '${RESUME}' is not 0 or 1" ;; esac
 off=(--set 'pruning.schedule_steps={}' --set 'pruning.shrink_steps=[]')
 gradual=(--set 'pruning.schedule_steps={400: 0.25, 600: 0.5, 800: 0.625, 1000: 0.75}' --set 'pruning.shrink_steps=[600, 1000]')
 case "$arm" in
   small-steps) sets=() ;;
+  shrink-each) sets=(--set 'pruning.shrink_steps=[300, 400, 500, 600, 700, 800]') ;;
   gradual) sets=("${gradual[@]}") ;;
   off) sets=("${off[@]}") ;;
   scratch) sets=("${off[@]}" --set
@@ -62,13 +77,15 @@ case "$arm" in
 esac
 name=$arm
 [ "$arm" = scratch ] && [ "${SCRATCH_FROM:-gradual}" != gradual ] && name="scratch-of-$SCRATCH_FROM"
-sets+=(--set "train.cooldown=$cooldown"); name="$name$suffix"
+sets+=(--set "train.cooldown=$cooldown" "${budget[@]}"); name="$name$suffix"
 out="checkpoints/study/$name-s$seed"
 resume=(); [ "${RESUME:-0}" = 1 ] && resume=(--resume)
 .venv/bin/prunetrain recipe wmt-small-deen --set "train.seed=$seed" "${sets[@]}" --output "$out" "${resume[@]}"
 keep="recipes/results/wmt-small-deen-study/$name-s$seed"
 mkdir -p "$keep"
 cp "$out/results.json" "$out/report.md" "$out/test_translations.json" "$keep/"
+# every set's translations (validation and the three test sets): re-scoring or a paired test needs no model
+[ -d "$out/final_translations" ] && cp -r "$out/final_translations" "$keep/"
 for model in pruned full; do
   [ -f "$out/$model/prunetrain_layout.json" ] && cp "$out/$model/prunetrain_layout.json" "$keep/layout.json"
 done

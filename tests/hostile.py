@@ -66,11 +66,12 @@ def save_tiny_translation_model(path: Path, multi30k_dir: Path) -> Path:
 
 
 def write_small_data(out: Path, multi30k_dir: Path, pairs: int = 8) -> Path:
-    """A parallel-text directory with `pairs` pairs per split (fast to translate)."""
+    """A parallel-text directory with `pairs` pairs per split (fast to translate): the splits the main recipe reads
+    (train, valid, test and the 2017 test sets of `eval.more_test_splits`)."""
     from prunetrain.mt.data import read_parallel, write_lines
 
     out.mkdir(parents=True)
-    for split in ("train", "valid", "test"):
+    for split in ("train", "valid", "test", "test_2017_flickr", "test_2017_mscoco"):
         chosen = read_parallel(multi30k_dir, split, limit=pairs)
         write_lines(out / f"{split}.de", [s for s, _ in chosen])
         write_lines(out / f"{split}.en", [t for _, t in chosen])

@@ -194,8 +194,52 @@ def test_smoke_recipe_runs_end_to_end(smoke_recipe_run):
     assert [p["step"] for p in points] == [5, 10, 20, 30, 40]
     bench = json.loads((out / "bench.json").read_text())
     assert bench  # the full-size architecture against the final model
+    # the same pair in CTranslate2 (a test extra): both exports passed the engine's float32 check against the model
+    # in memory, which fails while the Trainer's bf16 autocast wrapper is left on the model's forward
+    ct2 = results["bench_ctranslate2"]
+    assert ct2 == json.loads((out / "bench_ctranslate2.json").read_text()) and ct2["speedup"] > 0
+    assert (ct2["pruned"]["heads_kept"], ct2["full"]["heads_executed"], ct2["sentences"]) == (12, 24, 50)
+    assert "## Speed where translation is served: CTranslate2" in report
     assert results["time_cap"]["fired"] is False and results["time_cap"]["planned_steps"] == 40
     assert list((out / "runs").rglob("events.out.tfevents.*")) or list(out.rglob("events.out.tfevents.*"))
+
+
+def test_smoke_recipe_scores_validation_and_every_test_set(smoke_recipe_run, multi30k_dir):
+    """eval.valid and eval.more_test_splits: validation BLEU beside test BLEU at every point, and the final model
+    scored on validation, the main test set and the two 2017 test sets, each set's translations kept. Each kept
+    file is re-scored here against that set's own references (the first eval.valid_limit / eval.test_limit = 50), so
+    a set scored on another set's sentences fails."""
+    import sacrebleu
+
+    from prunetrain.mt.bleu_stats import bleu_from_stats
+    from prunetrain.mt.data import read_parallel
+
+    out, result = smoke_recipe_run
+    assert result.returncode == 0, result.stderr[-4000:]
+    results = json.loads((out / "results.json").read_text())
+    assert results["valid_split"] == "valid"
+    assert results["test_splits"] == ["test", "test_2017_flickr", "test_2017_mscoco"]
+    assert list(results["final_scores"]) == ["valid", "test", "test_2017_flickr", "test_2017_mscoco"]
+    assert results["final_scores"]["test"]["bleu"] == results["test_pruned"]["bleu"]
+    for record in results["bleu_over_training"]:
+        assert isinstance(record["valid_bleu"], float) and isinstance(record["valid_chrf"], float), record
+    final = results["bleu_over_training"][-1]
+    assert final["valid_bleu"] == results["final_scores"]["valid"]["bleu"]
+    for split, score in results["final_scores"].items():
+        assert score["num_sentences"] == 50
+        kept = json.loads((out / "final_translations" / f"{split}.json").read_text())
+        references = [target for _, target in read_parallel(multi30k_dir, split)[:50]]
+        assert len(kept["hypotheses"]) == 50
+        assert sacrebleu.corpus_bleu(kept["hypotheses"], [references]).score == pytest.approx(score["bleu"], abs=1e-9)
+        assert sacrebleu.corpus_chrf(kept["hypotheses"], [references]).score == pytest.approx(score["chrf"], abs=1e-9)
+        assert bleu_from_stats([sum(c) for c in zip(*kept["sentence_stats"])]) == pytest.approx(score["bleu"])
+        other = "test" if split != "test" else "valid"  # the check tells the sets apart (BLEU alone is ~0 here)
+        elsewhere = [target for _, target in read_parallel(multi30k_dir, other)[:50]]
+        assert sacrebleu.corpus_chrf(kept["hypotheses"], [elsewhere]).score != pytest.approx(score["chrf"], abs=1e-6)
+    data = json.loads((out / "data_record.json").read_text())
+    assert {"test_2017_flickr", "test_2017_mscoco"} <= set(data["splits"])
+    report = (out / "report.md").read_text()
+    assert "## The final model on every evaluation set" in report and "| test_2017_mscoco | test | 50 |" in report
 
 
 @pytest.mark.slow

@@ -197,6 +197,7 @@ EXEMPT: dict[str, str] = {
     "mt/recipe.py::TrainConfig": "a recipe YAML section: its fields are the keys users write (--set train.epochs=4)",
     "mt/recipe.py::PruningConfig": "a recipe YAML section: its fields are the keys users write "
                                    "(--set pruning.curve_steps=[600])",
+    "mt/recipe.py::EvalConfig": "a recipe YAML section: its fields are the keys users write (--set eval.valid=true)",
 }
 
 

@@ -146,8 +146,17 @@ def test_a_budget_defined_study_end_to_end(tmp_path, multi30k_dir):
                                                                   bleu_from_stats, samples=200)
     assert data["paired_tests"][0]["delta"] == pytest.approx(results["full-0"]["test_pruned"]["bleu"]
                                                              - results["gradual-0"]["test_pruned"]["bleu"])
+    # every test set the runs scored, the tests across seeds on each, and the arm validation chooses
+    splits = results["gradual-0"]["test_splits"]
+    assert [t["split"] for t in data["test_sets"]] == splits and list(data["bootstrap_by_split"]) == splits
+    assert [(r["split"], r["metric"], r["arm"], r["seeds"]) for r in data["seed_tests"]] == [
+        (s, m, a, [0]) for s in splits for m in ("bleu", "chrf") for a in ("full", "scratch")]
+    valid = {arm: [results[n]["final_scores"]["valid"]["bleu"] for n in names] for arm, names in
+             [("gradual", ["gradual-0", "gradual-1"]), ("full", ["full-0"]), ("scratch", ["scratch-0"])]}
+    assert data["selection"]["chosen"] == max(valid, key=lambda arm: sum(valid[arm]) / len(valid[arm]))
     markdown = (tmp_path / "cmp" / "compare.md").read_text()
-    for heading in ("## Arms", "## Equal training FLOPs", "## Paired bootstrap"):
+    for heading in ("## Arms", "## Equal training FLOPs", "## Paired bootstrap", "## Paired tests across seeds",
+                    "## Selection on validation", "### Validation BLEU at the same FLOP points"):
         assert heading in markdown
 
 
@@ -204,3 +213,29 @@ def test_payoff_study_names_a_run_without_cooldown_as_such_and_refuses_extra_arg
         code, err, args, _ = run(argv, env)
         assert (code, args) == (2, None), (argv, env, err)
         assert err.strip().startswith(f"payoff_study.sh: {message}") and len(err.strip().splitlines()) == 1, err
+
+
+def test_payoff_study_runs_an_arm_for_a_training_time_budget_and_keeps_every_sets_translations(tmp_path):
+    """TIME_MINUTES=M: the FLOP budget off, M minutes of training time, test points at the same shares, a guard
+    above M, the run named for it, and a scratch arm reading the architecture of the same kind of run; the kept
+    directory holds `final_translations/` when the run wrote it."""
+    run = _study_script(tmp_path)
+    fake = tmp_path / "tree" / ".venv" / "bin" / "prunetrain"
+    fake.write_text(fake.read_text() + 'mkdir -p "$out/final_translations"; echo {} > "$out/final_translations/valid.json"\n')
+    code, err, args, kept = run(["shrink-each", "100"], {"COOLDOWN": "0.2", "TIME_MINUTES": "15"})
+    assert code == 0, err
+    assert args[-1] == "checkpoints/study/shrink-each-cooldown-time15min-s100"
+    for setting in ("pruning.shrink_steps=[300, 400, 500, 600, 700, 800]", "train.max_flops=0",
+                    "train.max_train_minutes=15", "eval.test_flops=[]", "eval.test_times=[0.2, 0.4, 0.6, 0.8, 0.9]",
+                    "train.max_minutes=75", "train.cooldown=0.2", "train.seed=100"):
+        assert setting in args, (setting, args)
+    assert kept == ["shrink-each-cooldown-time15min-s100"]
+    keep = tmp_path / "tree" / "recipes" / "results" / "wmt-small-deen-study" / kept[0]
+    assert (keep / "final_translations" / "valid.json").is_file()
+    code, err, args, _ = run(["scratch", "0"], {"COOLDOWN": "0.2", "TIME_MINUTES": "15", "SCRATCH_FROM": "small-steps"})
+    assert code == 0 and args[-1] == "checkpoints/study/scratch-of-small-steps-cooldown-time15min-s0", err
+    assert ("pruning.init_layout=recipes/results/wmt-small-deen-study/small-steps-cooldown-time15min-s0/layout.json"
+            in args), args
+    for bad in ("0", "1.5", "x"):
+        code, err, args, _ = run(["off", "1"], {"TIME_MINUTES": bad})
+        assert (code, args) == (2, None) and err.startswith(f"payoff_study.sh: TIME_MINUTES '{bad}' is not"), err

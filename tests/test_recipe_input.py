@@ -551,3 +551,34 @@ def test_a_resume_refuses_a_replaced_tokenizer(monkeypatch, capsys, tmp_path, mu
                     r"--resume: the run's tokenizer changed since it started: '.*tokenizer.json' differs \(sha256 "
                     r"recorded in tokenizer_record.json\)")
     assert tree(out) == before
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# validation and more test sets (eval.valid, eval.valid_limit, eval.more_test_splits)
+# ---------------------------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("override, pattern", [
+    ("eval.valid=1", r"eval.valid: 1 is not a boolean \(true/false\)\.$"),
+    ("eval.valid_limit=-1", r"eval.valid_limit: -1 is not allowed"),
+    ("eval.more_test_splits=[test_2017_flickr, test_2017_flickr]",
+     r"eval.more_test_splits: 'test_2017_flickr' is named more than once; give each split once\.$"),
+    ("eval.more_test_splits=[../x]", r"eval.more_test_splits: '../x' is not a split name"),
+    ("eval.more_test_splits=[valid]", r"eval.more_test_splits: 'valid' is the training, validation or main test split"),
+    ("data.test_split=valid", r"data.test_split: 'valid' is the validation split, which eval.valid scores apart"),
+])
+def test_bad_evaluation_sets_are_refused_in_one_line(monkeypatch, capsys, tmp_path, override, pattern):
+    assert_one_line(run_main(monkeypatch, capsys, "recipe", "wmt-small-deen", "--set", override, "--show"), pattern)
+    assert_one_line(run_main(monkeypatch, capsys, "recipe", "wmt-small-deen", "--set", override, "--output",
+                             tmp_path / "run"), pattern)
+    assert not (tmp_path / "run").exists()
+
+
+def test_a_missing_test_set_is_refused_before_the_run_directory_is_touched(monkeypatch, capsys, tmp_path,
+                                                                           multi30k_dir):
+    data = write_small_data(tmp_path / "data", multi30k_dir)
+    for lang in ("de", "en"):
+        (data / f"test_2017_mscoco.{lang}").unlink()
+    pattern = (r"eval.more_test_splits: 'test_2017_mscoco' cannot be read: read_parallel: .*test_2017_mscoco.de does "
+               r"not exist; splits with both .de and .en files in .*: test, test_2017_flickr, train, valid\.$")
+    assert_one_line(run_main(monkeypatch, capsys, "recipe", "wmt-small-deen", "--smoke", "--data-dir", data,
+                             "--output", tmp_path / "run"), pattern)
+    assert not (tmp_path / "run").exists()

@@ -22,8 +22,8 @@ def export_command(
                                help="remote-code (self-contained, trust_remote_code=True) | uniform (standard "
                                     "config, same heads everywhere) | padded (original shapes, removed heads zero: "
                                     "exact, no speed-up) | onnx (ONNX Runtime graphs) | gguf (llama.cpp, Llama "
-                                    "family, per-layer heads) | ctranslate2 (CTranslate2, Marian translation "
-                                    "models, padded per stack)."),
+                                    "family, per-layer heads) | ctranslate2 (CTranslate2: Marian, BART, "
+                                    "mBART, M2M-100/NLLB, Pegasus; padded per stack)."),
     gguf_type: Optional[str] = typer.Option(None, "--gguf-type", help="With --format gguf: f32 (default, exact), "
                                                                       "f16 or q8_0 (checked within a stated "
                                                                       "tolerance, docs/export.md)."),

@@ -94,7 +94,8 @@ def compare(
     bootstrap_samples: int = typer.Option(1000, help="Resamples of the paired bootstrap between final models."),
 ):
     """Recipe runs side by side: BLEU at equal training FLOPs, equal steps and equal training time, seeds as mean ±
-    sd, paired bootstrap between final models, speed, heads (e.g. pruning during training vs pruning off)."""
+    sd, every test set (BLEU, chrF), paired t-test and sign-flip test across seeds, paired bootstrap between final
+    models, the arm validation chooses, speed, heads (e.g. pruning during training vs pruning off)."""
     from prunetrain.mt.compare import comparison_markdown, write_comparison
 
     check_positive(bootstrap_samples=bootstrap_samples)
@@ -103,8 +104,9 @@ def compare(
     result = write_comparison(runs, output, labels, samples=bootstrap_samples)
     typer.echo(comparison_markdown(result), err=True)
     emit({"output": str(output), "arms": result["arms"], "equal_flops": result["equal_flops"],
-           "paired_tests": result["paired_tests"], "equal_steps": result["equal_steps"],
-           "equal_time": result["equal_time"]}, None)
+           "paired_tests": result["paired_tests"], "test_sets": result["test_sets"], "seed_tests": result["seed_tests"],
+           "bootstrap_by_split": result["bootstrap_by_split"], "selection": result["selection"],
+           "equal_steps": result["equal_steps"], "equal_time": result["equal_time"]}, None)
 
 
 def _smoke_overrides(name: str) -> list[str]:

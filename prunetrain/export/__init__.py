@@ -6,7 +6,7 @@
 - `padded`: the original shapes with removed heads as zero weights: exact, no speed-up (`padded`);
 - `onnx`: ONNX graphs checked with ONNX Runtime, KV-cache graphs for generation (`onnx`);
 - `gguf`: llama.cpp's GGUF with per-layer head counts for the Llama family, checked in llama.cpp (`gguf`);
-- `ctranslate2`: CTranslate2 for Marian translation models, padded per stack, checked in CTranslate2 (`ctranslate2`).
+- `ctranslate2`: CTranslate2 for encoder-decoder translation models (Marian, BART, mBART, M2M-100/NLLB, Pegasus), padded per stack, checked in CTranslate2 (`ctranslate2`).
 
 `formats.export(source, destination, format)` writes any of them (checked against the model first, staged and
 renamed into place); `formats.check_formats(source)` says which formats can hold a model and why not the others.

@@ -1,4 +1,5 @@
-"""CTranslate2 export of pruned translation models (Marian), exact in float32, checked in the engine itself.
+"""CTranslate2 export of pruned translation models (Marian, BART, mBART, M2M-100/NLLB, Pegasus), exact in float32,
+checked in the engine itself.
 
 CTranslate2 (OpenNMT's inference engine, `pip install ctranslate2`) reads one query-head count per stack
 (`encoder/num_heads`; `decoder/num_heads`, shared by the decoder's self- and cross-attention) and the head size per
@@ -9,11 +10,14 @@ it adds exactly 0 to the layer's output; a layer with no heads left outputs exac
 in PyTorch. The padding is reported (`heads_executed` against `heads_kept`); a layout with the same count in every
 encoder layer and the same in every decoder attention runs with none.
 
-The weights are mapped by CTranslate2's own transformers loader for Marian (its public converter API), with what a
-model trained by prunetrain needs beyond OPUS-MT: the whole vocabulary is kept in tokenizer order (OPUS-MT's loader
-drops a trailing `<pad>`), the decoder starts from the pad token's real embedding (a tied embedding is trained, so it
-is not the zero vector OPUS-MT assumes), and the pad token, which Marian never generates (`translate` suppresses it),
-gets an output bias of -inf, so the engine never generates it either, with no option to remember.
+The weights are mapped by CTranslate2's own transformers loader for BART-style models (its public converter API),
+with each family's switches (`prunetrain.export.ctranslate2_families.FAMILIES`: pre-/post-norm, embedding layer
+norm, where the position table starts) and what a model trained by prunetrain needs beyond the published checkpoints:
+the whole vocabulary is kept in tokenizer order, the decoder starts from its start token's real embedding (Marian's
+pad: a tied embedding is trained, so it is not the zero vector OPUS-MT assumes), and the pad token, which
+prunetrain's `translate` suppresses, gets an output bias of -inf, so the engine never generates it either. A forced
+first token (mBART-50's or NLLB's target language, `generation_config.forced_bos_token_id`) is recorded in
+`INFO_FILE` and given to the engine as the target prefix by `translate_ctranslate2`, as CTranslate2 documents it.
 
 Every export is checked before it is moved into place: CTranslate2 scores a probe translation (`score_batch`, the
 log-probability of each target token given the source), and in float32 the model's own log-probabilities must agree
@@ -31,6 +35,7 @@ import torch
 from torch import nn
 
 from prunetrain.engine.heads import find_heads
+from prunetrain.export.ctranslate2_families import FAMILIES, decoder_start_id, forced_bos_id, padded_loader
 from prunetrain.methods.constraints import STACK_OF_KIND
 
 QUANTIZATIONS = ("float32", "int8", "int8_float32", "int16", "float16", "bfloat16", "int8_float16", "int8_bfloat16")
@@ -45,11 +50,9 @@ def ctranslate2_reason(model: nn.Module, tokenizer_dir: str | Path | None) -> st
     missing = packages_missing("ctranslate2")
     if missing:
         return missing
-    if getattr(model.config, "model_type", None) != "marian":
-        return (f"CTranslate2 export covers Marian translation models (MarianMTModel); {type(model).__name__} "
-                f"({getattr(model.config, 'model_type', '?')}) is not one.")
-    if getattr(model.config, "normalize_before", False):
-        return "CTranslate2 export covers post-norm Marian models; this one is pre-norm."
+    family_reason = _family_reason(model)
+    if family_reason:
+        return family_reason
     from prunetrain.engine.mask import attached_masks
 
     if attached_masks(model):
@@ -58,6 +61,37 @@ def ctranslate2_reason(model: nn.Module, tokenizer_dir: str | Path | None) -> st
     if tokenizer_dir is None or not (Path(tokenizer_dir) / "tokenizer.json").is_file():
         return ("CTranslate2 needs the model's vocabulary: export from a directory that carries its tokenizer "
                 "(tokenizer.json), as save_translation_model and the recipes write it.")
+    return None
+
+
+def _family_reason(model: nn.Module) -> str | None:
+    """None when `model`'s family and settings map exactly onto CTranslate2's Transformer spec, else why not."""
+    from ctranslate2.converters.transformers import _SUPPORTED_ACTIVATIONS
+
+    config = model.config
+    model_type = getattr(config, "model_type", None)
+    if model_type not in FAMILIES:
+        return (f"CTranslate2 export covers the encoder-decoder translation models {', '.join(sorted(FAMILIES))} "
+                f"(model_type); {type(model).__name__} ({model_type or '?'}) is not one.")
+    if getattr(model, "lm_head", None) is None or getattr(getattr(model, "model", None), "decoder", None) is None:
+        return (f"CTranslate2 translates with the model's language-model head; {type(model).__name__} has none "
+                f"(export the ...ForConditionalGeneration / MarianMTModel class).")
+    if getattr(config, "decoder_vocab_size", None) not in (None, config.vocab_size):
+        return (f"the model has a separate target vocabulary (decoder_vocab_size {config.decoder_vocab_size} against "
+                f"vocab_size {config.vocab_size}); the CTranslate2 export writes one shared vocabulary.")
+    if model_type == "marian" and getattr(config, "normalize_before", False):
+        return "CTranslate2 export covers post-norm Marian models; this one is pre-norm."
+    if config.activation_function not in _SUPPORTED_ACTIVATIONS:
+        return (f"CTranslate2 has no activation {config.activation_function!r} (it runs "
+                f"{', '.join(sorted(_SUPPORTED_ACTIVATIONS))}).")
+    start = decoder_start_id(model)
+    if start is None or not isinstance(config.pad_token_id, int):
+        return "the model states no decoder start token or no pad token, which the CTranslate2 export maps."
+    if FAMILIES[model_type].positions_after_pad and start == config.pad_token_id:
+        return ("an M2M-100 decoder that starts from the pad token numbers its positions from the next token on, "
+                "which CTranslate2 cannot do: set decoder_start_token_id to another token (M2M-100 uses eos).")
+    if forced_bos_id(model) == config.pad_token_id:
+        return "the model forces the pad token as its first output, which the CTranslate2 export never generates."
     return None
 
 
@@ -70,6 +104,14 @@ def stack_heads(model: nn.Module) -> dict[str, int]:
     return counts
 
 
+def stack_head_dims(model: nn.Module) -> dict[str, int]:
+    """The head size of each stack (CTranslate2 reads one per stack here)."""
+    dims = {}
+    for site in find_heads(model):
+        dims.setdefault(STACK_OF_KIND[site.kind], site.head_dim)
+    return dims
+
+
 def padding_report(model: nn.Module) -> dict:
     """Heads kept by the model and heads CTranslate2 executes once every attention of a stack is padded."""
     counts = stack_heads(model)
@@ -77,86 +119,6 @@ def padding_report(model: nn.Module) -> dict:
     return {"heads_kept": sum(s.num_heads for s in sites),
             "heads_executed": sum(counts[STACK_OF_KIND[s.kind]] for s in sites),
             "num_heads": counts}
-
-
-class _Padded(nn.Module):
-    """A linear layer's weights with zero rows (q/k/v: `rows`) or zero columns (output projection) appended."""
-
-    def __init__(self, linear: nn.Linear, width: int, columns: bool):
-        super().__init__()
-        weight = linear.weight.detach().float()
-        if columns:
-            self.weight = torch.cat([weight, weight.new_zeros(weight.shape[0], width - weight.shape[1])], dim=1)
-            self.bias = None if linear.bias is None else linear.bias.detach().float()
-        else:
-            self.weight = torch.cat([weight, weight.new_zeros(width - weight.shape[0], weight.shape[1])], dim=0)
-            if linear.bias is not None:
-                bias = linear.bias.detach().float()
-                self.bias = torch.cat([bias, bias.new_zeros(width - bias.shape[0])])
-            else:
-                self.bias = None
-
-
-def _loader_class():
-    from ctranslate2.converters.transformers import MarianMTLoader
-    from ctranslate2.specs import transformer_spec
-
-    class PaddedMarianLoader(MarianMTLoader):
-        """CTranslate2's Marian loader for a model whose layers keep different numbers of heads (see the module)."""
-
-        def __init__(self, heads: dict[str, int], head_dim: int, pad_token_id: int):
-            self.heads, self.head_dim, self.pad_token_id = heads, head_dim, pad_token_id
-            self._stack = "encoder"
-
-        def get_model_spec(self, model):
-            from ctranslate2.converters.transformers import _SUPPORTED_ACTIVATIONS
-
-            config = model.config
-            activation = _SUPPORTED_ACTIVATIONS[config.activation_function]
-            encoder = transformer_spec.TransformerEncoderSpec(
-                config.encoder_layers, self.heads["encoder"], pre_norm=False, activation=activation,
-                head_dim=self.head_dim)
-            decoder = transformer_spec.TransformerDecoderSpec(
-                config.decoder_layers, self.heads["decoder"], pre_norm=False, activation=activation,
-                head_dim=self.head_dim)
-            spec = transformer_spec.TransformerSpec(encoder, decoder)
-            self._stack = "encoder"
-            self.set_encoder(spec.encoder, model.model.encoder)
-            self._stack = "decoder"
-            self.set_decoder(spec.decoder, model.model.decoder)
-            self.set_linear(spec.decoder.projection, model.lm_head)
-            bias = model.final_logits_bias.detach().float().reshape(-1).clone()
-            bias[self.pad_token_id] = -math.inf  # never generated, as prunetrain's translate suppresses it
-            spec.decoder.projection.bias = bias
-            return spec
-
-        def set_decoder(self, spec, decoder):
-            super().set_decoder(spec, decoder)
-            spec.start_from_zero_embedding = False  # the pad token's trained embedding starts decoding
-
-        def set_attention(self, spec, attention, self_attention=False):
-            width = self.heads[self._stack] * self.head_dim
-            padded = nn.Module()
-            for name in ("q_proj", "k_proj", "v_proj"):
-                setattr(padded, name, _Padded(getattr(attention, name), width, columns=False))
-            padded.out_proj = _Padded(attention.out_proj, width, columns=True)
-            super().set_attention(spec, padded, self_attention=self_attention)
-
-        def set_config(self, config, model, tokenizer):
-            config.eos_token = tokenizer.eos_token
-            config.unk_token = tokenizer.unk_token
-            config.decoder_start_token = tokenizer.convert_ids_to_tokens(model.config.decoder_start_token_id)
-
-        def get_vocabulary(self, model, tokenizer):
-            vocab = tokenizer.get_vocab()
-            tokens = [token for token, _ in sorted(vocab.items(), key=lambda item: item[1])]
-            if [vocab[t] for t in tokens] != list(range(len(tokens))) or len(tokens) != model.config.vocab_size:
-                raise ValueError(f"source: the tokenizer's ids are not 0..{model.config.vocab_size - 1} (it holds "
-                                 f"{len(tokens)} tokens for a model with vocab_size {model.config.vocab_size}); "
-                                 f"CTranslate2 reads the vocabulary by position.")
-            return tokens
-
-    return PaddedMarianLoader
 
 
 def export_ctranslate2(model: nn.Module, out: Path, tokenizer_dir: str | Path,
@@ -169,7 +131,8 @@ def export_ctranslate2(model: nn.Module, out: Path, tokenizer_dir: str | Path,
     measures its BLEU).
 
     Args:
-        model: a (pruned) post-norm `MarianMTModel`; attached masks count (the check runs the model with them).
+        model: a (pruned) Marian, BART, mBART, M2M-100 or Pegasus model for conditional generation (see
+            `ctranslate2_families.FAMILIES`); it must carry no attached masks.
         out: the directory to create (it must not exist).
         tokenizer_dir: the directory holding the model's tokenizer.json.
         quantization: one of `QUANTIZATIONS`.
@@ -186,11 +149,10 @@ def export_ctranslate2(model: nn.Module, out: Path, tokenizer_dir: str | Path,
     if reason:
         raise ValueError(f"format: {reason}")
     tokenizer = _load_tokenizer(tokenizer_dir)
-    head_dim = next(iter(find_heads(model))).head_dim
-    loader = _loader_class()(stack_heads(model), head_dim, model.config.pad_token_id)
     if any(p.dtype != torch.float32 for p in model.parameters()):  # converted in a copy: the caller's model stays
         model = copy.deepcopy(model).float()
     model.eval()
+    loader = padded_loader(stack_heads(model), stack_head_dims(model), model)
 
     class _Converter(Converter):
         def _load(self):
@@ -225,11 +187,14 @@ INFO_FILE = "prunetrain_ctranslate2.json"
 
 def _write_extras(out: Path, model: nn.Module, tokenizer, quantization: str) -> None:
     """The tokenizer (CTranslate2 takes tokens; it turns text into them) and what the engine cannot say itself: the
-    position limit, the weight type and the padding (`INFO_FILE`)."""
+    position limit, the weight type, the forced first target token (`target_prefix`, a token or null) and the
+    padding (`INFO_FILE`)."""
     import json
 
     tokenizer.save_pretrained(out)
+    forced = forced_bos_id(model)
     info = {"max_position_embeddings": model.config.max_position_embeddings, "quantization": quantization,
+            "target_prefix": None if forced is None else tokenizer.convert_ids_to_tokens(forced),
             **padding_report(model)}
     (out / INFO_FILE).write_text(json.dumps(info, indent=2) + "\n", encoding="utf-8")
 
@@ -266,7 +231,7 @@ def score_difference(model: nn.Module, tokenizer, directory: Path) -> float:
 
 def _log_probs(model: nn.Module, source_ids: list[int], target_ids: list[int]) -> torch.Tensor:
     """log p(target_t | source, target_<t) for each target token (the decoder starts from its start token)."""
-    start = model.config.decoder_start_token_id
+    start = decoder_start_id(model)
     with torch.no_grad():
         logits = model(input_ids=torch.tensor([source_ids]),
                        decoder_input_ids=torch.tensor([[start] + target_ids[:-1]])).logits[0].double()
@@ -280,7 +245,9 @@ def translate_ctranslate2(directory: str | Path, sources: list[str], num_beams: 
                           compute_type: str = "default") -> list[str]:
     """Translate `sources` with a CTranslate2 directory written by `export_ctranslate2` (its tokenizer inside):
     `num_beams` and `length_penalty` as in `translate`; `max_new_tokens` (None: as many as the model's positions
-    allow, at most 256) bounds every output; `compute_type` is CTranslate2's (e.g. "int8" on a float32 export)."""
+    allow, at most 256) bounds every output; `compute_type` is CTranslate2's (e.g. "int8" on a float32 export). A
+    forced first token (mBART-50's or NLLB's target language) is given as the target prefix, as `generate` forces it;
+    an output may be empty, as in `generate` (CTranslate2's own default, `min_decoding_length=1`, forbids eos first)."""
     import ctranslate2
 
     if isinstance(sources, str) or not all(isinstance(s, str) for s in sources):
@@ -297,11 +264,18 @@ def translate_ctranslate2(directory: str | Path, sources: list[str], num_beams: 
     translator = ctranslate2.Translator(str(directory), device="cpu", inter_threads=1, intra_threads=threads,
                                         compute_type=compute_type)
     tokens = [tokenizer.convert_ids_to_tokens(tokenizer(s)["input_ids"]) for s in sources]
+    prefix = info.get("target_prefix")
+    if prefix is not None and not isinstance(prefix, str):
+        raise ValueError(f"directory: {str(Path(directory) / INFO_FILE)!r} states target_prefix {prefix!r}; "
+                         f"expected a token or null (written by export_ctranslate2).")
     results = translator.translate_batch(tokens, beam_size=num_beams, max_decoding_length=max_new_tokens,
-                                         max_batch_size=batch_size, length_penalty=length_penalty)
-    return [tokenizer.decode(tokenizer.convert_tokens_to_ids(r.hypotheses[0]), skip_special_tokens=True)
-            for r in results]
+                                         min_decoding_length=0,  # the engine's default 1 forbids eos first
+                                         max_batch_size=batch_size, length_penalty=length_penalty,
+                                         target_prefix=None if prefix is None else [[prefix]] * len(tokens))
+    texts = tokenizer.batch_decode([tokenizer.convert_tokens_to_ids(r.hypotheses[0]) for r in results],
+                                   skip_special_tokens=True, clean_up_tokenization_spaces=False)
+    return [text.strip() for text in texts]  # as `translate` detokenizes
 
 
-__all__ = ["QUANTIZATIONS", "ctranslate2_reason", "export_ctranslate2", "padding_report", "stack_heads",
-           "translate_ctranslate2"]
+__all__ = ["QUANTIZATIONS", "ctranslate2_reason", "export_ctranslate2", "padding_report", "stack_head_dims",
+           "stack_heads", "translate_ctranslate2"]

@@ -87,8 +87,8 @@ def export(source: str | os.PathLike | nn.Module, destination: str | os.PathLike
         format: one of `FORMATS`: "remote-code" (self-contained directory, `trust_remote_code=True`), "uniform"
             (standard config, every site the same heads), "padded" (original shapes, removed heads zero: exact, no
             speed-up), "onnx" (ONNX graphs checked with ONNX Runtime), "gguf" (llama.cpp, Llama family, checked
-            in llama.cpp; `max_abs_diff` is then relative to the largest logit), "ctranslate2" (CTranslate2, Marian
-            translation models, padded per stack; `max_abs_diff` is on log-probabilities in the engine; the source
+            in llama.cpp; `max_abs_diff` is then relative to the largest logit), "ctranslate2" (CTranslate2:
+            Marian, BART, mBART, M2M-100/NLLB and Pegasus translation models, padded per stack; `max_abs_diff` is on log-probabilities in the engine; the source
             must be a directory that carries the tokenizer).
         overwrite: replace an existing non-empty `destination` (only what the CLI's `--overwrite` replaces: an empty
             directory or one prunetrain wrote, never the current, home or root directory).

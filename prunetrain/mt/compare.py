@@ -14,9 +14,13 @@ every stretch between shrinks. Against the first run (the reference):
   same computation, so the ratio of their training times there measures the drift; the equal-time comparison is
   repeated with the run's time divided by that ratio.
 
-- **equal training FLOPs** (drift-free): runs that share a name are seeds of one arm; each arm's test BLEU at the FLOP
-  points every run evaluated, its final scores as mean ± sd over seeds, and a paired bootstrap between the final
-  models of the reference arm and each other arm, seed by seed (`prunetrain.mt.compare_arms`).
+- **equal training FLOPs** (drift-free): runs that share a name are seeds of one arm; each arm's test (and, where
+  recorded, validation) BLEU at the FLOP points every run evaluated, its final scores as mean ± sd over seeds, and a
+  paired bootstrap between the final models of the reference arm and each other arm, seed by seed
+  (`prunetrain.mt.compare_arms`);
+- **every test set and the seeds together**: BLEU and chrF on every test set all runs scored, a paired t-test and an
+  exact sign-flip test across seeds per test set and metric, and the arm validation chooses
+  (`prunetrain.mt.compare_seeds`).
 
 Writes `compare.json`, `compare.md` and `compare.png` (BLEU against training FLOPs and training time, heads per kind
 over steps).
@@ -56,7 +60,9 @@ _STRETCH_FIELDS = {"from_step": int, "to_step": int, "heads": int}
 _EVENT_FIELDS = {"step": int, "per_kind_before": dict, "per_kind_after": dict}
 _OPTIONAL_NUMBERS = ("steps", "train_step_minutes", "train_minutes", "total_minutes", "parameters_final", "train_flops",
                      "resumed_from_step", "test_pruned.chrf", "test_pruned.sentences_per_second",
-                     "bleu_over_training[].flops", "bleu_over_training[].flops_target", "step_rate[].steps_per_second")
+                     "bleu_over_training[].flops", "bleu_over_training[].flops_target",
+                     "bleu_over_training[].valid_bleu", "bleu_over_training[].valid_chrf",
+                     "step_rate[].steps_per_second")
 
 
 def check_results_fields(results: Path, data: dict) -> None:
@@ -86,6 +92,9 @@ def check_results_fields(results: Path, data: dict) -> None:
         for index, entry in enumerate(entries):
             for field, kind in fields.items():
                 check(f"{name}[{index}].{field}", entry.get(field), kind)
+    from prunetrain.mt.compare_seeds import check_score_fields
+
+    check_score_fields(data, fail)  # final_scores, valid_split, test_splits (runs written before them have none)
     for name in ("recipe", "kept_per_kind"):
         if data.get(name) is not None and not isinstance(data[name], dict):
             fail(name, f"is {data[name]!r}, not an object")

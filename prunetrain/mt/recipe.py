@@ -18,10 +18,11 @@ from pathlib import Path
 
 import yaml
 
+from prunetrain.mt.recipe_budget import check_budgets
 from prunetrain.mt.recipe_yaml import build_dataclass, load_override_value, load_recipe_mapping
 from prunetrain.mt.run_checks import check_seed, check_static_limits
 from prunetrain.training.points import check_epoch_points, check_step_points
-from prunetrain.utils.validate import check_choice, check_fraction, check_int, check_positive_float
+from prunetrain.utils.validate import check_bool, check_choice, check_fraction, check_int, check_positive_float
 
 RECIPES_DIR = Path(__file__).resolve().parent / "recipes"  # shipped as package data
 KINDS = ("encoder_self", "decoder_self", "cross")  # the attention kinds of the recipes' Marian model
@@ -128,8 +129,10 @@ class TrainConfig:
     # backward, counted from every batch's shape and the model as it is) reach this budget: equal compute on any
     # machine. With max_steps also set, whichever comes first.
     cooldown: float = 0.0  # > 0: the learning rate decays linearly to zero over this last share of the FLOP
-    # budget (0.2: the last 20 % of train.max_flops), whatever the step count (prunetrain.training.cooldown)
+    # budget (0.2: the last 20 % of train.max_flops), or of train.max_train_minutes (prunetrain.training.cooldown)
     max_minutes: float = 0.0  # a guard only: stop gracefully after this long (0: no cap); reported when it fires
+    max_train_minutes: float = 0.0  # > 0 (with max_flops 0): the run ends after the step at which its training
+    # clock reaches this many minutes: steps, pruning work and data loading, not measurements (mt.recipe_budget)
     logging_steps: int = 50
     save_total_limit: int = 2
 
@@ -232,6 +235,23 @@ class PruningConfig:
                              "pruning.init_heads (random heads), not both.")
 
 
+_SPLIT_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")
+
+
+def check_split_names(key: str, names) -> None:
+    """A list of distinct split names, each a plain file-name stem (`test_2017_flickr`: read as
+    `test_2017_flickr.{src,tgt}` and written as `final_translations/test_2017_flickr.json`)."""
+    if not isinstance(names, list):
+        raise ValueError(f"{key}: {names!r} is not a list of split names (e.g. [test_2017_flickr]).")
+    for name in names:
+        if not isinstance(name, str) or not _SPLIT_NAME.fullmatch(name) or name.endswith("."):
+            raise ValueError(f"{key}: {name!r} is not a split name; give letters, digits, '_', '-' and '.' "
+                             f"(e.g. test_2017_flickr).")
+    repeated = sorted({n for n in names if names.count(n) > 1})
+    if repeated:
+        raise ValueError(f"{key}: {repeated[0]!r} is named more than once; give each split once.")
+
+
 @dataclass
 class EvalConfig:
     num_beams: int = 4  # final BLEU (curves use greedy decoding)
@@ -242,13 +262,21 @@ class EvalConfig:
     curve_batch_size: int = 100
     test_flops: list[float] = field(default_factory=list)  # test BLEU also where the training FLOPs first reach
     # these shares of train.max_flops (0.25: a quarter of the budget): runs compared at equal compute
+    test_times: list[float] = field(default_factory=list)  # the same as shares of train.max_train_minutes
     bench: bool = True  # benchmark original vs shrunk generation at the end
     bench_repeats: int = 3
+    valid: bool = False  # validation BLEU and chrF (same beam) wherever the test split is scored: at every test
+    # point during training and for the final model; settings are chosen on it, never on a test set
+    valid_limit: int = 0  # score only the first N validation sentences (0: all)
+    more_test_splits: list[str] = field(default_factory=list)  # more test sets the final model is scored on (BLEU,
+    # chrF, translations kept), each a split of the data (`SPLIT.{src,tgt}` in data.dir, or a dataset split)
 
     def __post_init__(self):
         for key, minimum in (("num_beams", 1), ("test_limit", 0), ("batch_size", 1), ("curve_batch_size", 1),
-                             ("bench_repeats", 1)):
+                             ("bench_repeats", 1), ("valid_limit", 0)):
             check_int(f"eval.{key}", getattr(self, key), minimum)
+        check_bool("eval.valid", self.valid)
+        check_split_names("eval.more_test_splits", self.more_test_splits)
         check_step_points("eval.test_steps", self.test_steps)
         for share in self.test_flops:
             _check_number("eval.test_flops", share, 0.0, 1.0, low_open=True, high_open=True)
@@ -290,19 +318,15 @@ class Recipe:
         if p.method == "l0" and self.train.max_steps and p.l0_start_step >= self.train.max_steps:
             raise ValueError(f"pruning.l0_start_step: {p.l0_start_step} is not before the last training step "
                              f"(train.max_steps={self.train.max_steps}); the gates would never train.")
-        if self.train.cooldown and not self.train.max_flops:
-            raise ValueError(f"train.cooldown: {self.train.cooldown!r} is a share of train.max_flops, which is 0; set "
-                             f"a FLOP budget (train.max_flops) or leave the cooldown at 0.")
-        from prunetrain.training.cooldown import NOT_LAMBDA_SCHEDULERS
-
-        if self.train.cooldown and self.train.scheduler in NOT_LAMBDA_SCHEDULERS:
-            raise ValueError(f"train.scheduler: {self.train.scheduler!r} is not allowed with train.cooldown; the "
-                             f"cooldown scales a schedule that computes each rate from its base rate (any other "
-                             f"transformers lr_scheduler_type).")
-        if self.eval.test_flops and not self.train.max_flops:
-            raise ValueError(f"eval.test_flops: {self.eval.test_flops!r} are shares of train.max_flops, which is 0; "
-                             f"set a FLOP budget (train.max_flops) or use eval.test_steps.")
+        check_budgets(self)  # train.max_flops / max_train_minutes, the cooldown and test points that follow them
         self._check_kept_per_kind()
+        if self.eval.valid and self.data.test_split == "valid":
+            raise ValueError("data.test_split: 'valid' is the validation split, which eval.valid scores apart; name "
+                             "a test split (settings are chosen on validation and reported on test).")
+        clash = [s for s in self.eval.more_test_splits if s in ("train", "valid", self.data.test_split)]
+        if clash:
+            raise ValueError(f"eval.more_test_splits: {clash[0]!r} is the training, validation or main test split "
+                             f"(data.test_split={self.data.test_split!r}); name other test sets.")
         late_tests = [s for s in self.eval.test_steps if self.train.max_steps and s > self.train.max_steps]
         if late_tests:
             raise ValueError(f"eval.test_steps: step {late_tests[0]} is after the last training step "

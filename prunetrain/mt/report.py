@@ -57,6 +57,13 @@ def _definition(results: dict, cap: dict) -> str:
     """What defines the run's length: its FLOP budget (`train.max_flops`, and the step that reached it) when it has
     one, else its planned steps."""
     budget = results.get("max_flops")
+    seconds = results.get("max_train_seconds")
+    if seconds and not budget:
+        reached = results.get("budget_reached_at_step")
+        where = (f"reached at step {reached}" if reached is not None else
+                 f"not reached: training ended at step {results.get('steps')}")
+        return (f"The run is defined by its training-time budget ({seconds / 60:g} min of training time, {where}; "
+                f"{results.get('train_seconds', 0) / 60:.2f} min counted)")
     if not budget:
         return f"The run is defined by its {cap.get('planned_steps')} steps"
     reached = results.get("flop_budget_reached_at_step")
@@ -131,6 +138,7 @@ def write_report(run: str | Path, results: dict) -> Path:
         f"throughput (outputs of different lengths, one pass each): the A/B speed comparison is the benchmark below.",
         f"BLEU signature: `{full['bleu_signature']}`; chrF signature: `{full['chrf_signature']}`.",
         "",
+        *_final_sets_table(results),
         f"Training: {results['train_minutes']:.1f} min"
         + (f", {results['train_flops']:.4g} training FLOPs over {results['steps']} steps"
            if results.get("train_flops") else "") + f"; whole run {results['total_minutes']:.1f} min"
@@ -158,6 +166,7 @@ def write_report(run: str | Path, results: dict) -> Path:
     bench = results.get("bench")
     if bench:
         lines += ["## Speed: original vs shrunk", "", _bench_table(bench), ""]  # a Markdown table, rendered as one
+    lines += _ctranslate2_lines(results.get("bench_ctranslate2"))
     lines += ["TensorBoard: `tensorboard --logdir " + str(run) + "`", ""]
     path = run / "report.md"
     path.write_text("\n".join(lines))
@@ -167,10 +176,13 @@ def write_report(run: str | Path, results: dict) -> Path:
 def _planned_length(train: dict) -> str:
     """How long the run was planned: a FLOP budget, a number of steps, or epochs."""
     parts = [f"{train['max_flops']:.4g} training FLOPs"] if train.get("max_flops") else []
+    parts += [f"{train['max_train_minutes']:g} min of training time (optimizer steps, pruning work and data "
+              f"loading; measurements and checkpoints not counted)"] if train.get("max_train_minutes") else []
     parts += [f"{train['max_steps']} optimizer steps"] if train.get("max_steps") else []
     planned = " or ".join(parts) or f"{train['epochs']} epochs"
     if train.get("cooldown"):
-        planned += f" (the learning rate decays to zero over the last {100 * train['cooldown']:g} % of the FLOPs)"
+        budget = "training time" if train.get("max_train_minutes") else "FLOPs"
+        planned += f" (the learning rate decays to zero over the last {100 * train['cooldown']:g} % of the {budget})"
     return planned
 
 
@@ -192,6 +204,20 @@ def _final_table(results: dict) -> list[str]:
     return lines
 
 
+def _final_sets_table(results: dict) -> list[str]:
+    """The final model on every evaluation set (`final_scores`: validation, on which settings are chosen, then the
+    test sets, on which they are reported); nothing for a run that scored the main test set alone."""
+    scores = results.get("final_scores") or {}
+    if len(scores) < 2:
+        return []
+    lines = ["## The final model on every evaluation set", "", "| set | role | sentences | BLEU | chrF |",
+             "|---|---|---|---|---|"]
+    for name, score in scores.items():
+        role = "validation (choices are made here)" if name == results.get("valid_split") else "test"
+        lines.append(f"| {name} | {role} | {score['num_sentences']} | {score['bleu']:.2f} | {score['chrf']:.2f} |")
+    return lines + [""]
+
+
 def _training_time_lines(run: Path, results: dict) -> list[str]:
     """BLEU over training (test split, at eval.test_steps and the end) against training-step time, the step rate of
     every stretch between shrinks, and the heads per kind after each pruning event; figures beside them."""
@@ -200,17 +226,20 @@ def _training_time_lines(run: Path, results: dict) -> list[str]:
     events = results.get("pruning_events") or []
     lines = []
     if records:
+        valid = any(r.get("valid_bleu") is not None for r in records)
         lines += ["## Test BLEU over training", "",
                   "Training time counts the optimizer steps only (forward, backward, update); evaluations, importance "
                   "passes and checkpoints are outside it (wall time beside it).", "",
-                  "| step | epoch | heads | parameters | training FLOPs | BLEU | training min | wall min |",
-                  "|---|---|---|---|---|---|---|---|"]
+                  "| step | epoch | heads | parameters | training FLOPs | " + ("validation BLEU | " if valid else "")
+                  + ("test BLEU" if valid else "BLEU") + " | training min | wall min |",
+                  "|---|---|---|---|---|---|---|---|" + ("---|" if valid else "")]
         for r in records:
             epoch = "" if r.get("epoch") is None else f"{r['epoch']:.2f}"
             flops = "" if r.get("flops") is None else f"{r['flops']:.4g}"
+            on_valid = "" if r.get("valid_bleu") is None else f"{r['valid_bleu']:.2f}"
             lines.append(f"| {r['step']}{' (final)' if r.get('kind') == 'final' else ''} | {epoch} | {r['heads']} | "
-                         f"{r['parameters'] / 1e6:.2f} M | {flops} | {r['bleu']:.2f} | {r['step_seconds'] / 60:.1f} | "
-                         f"{r['wall_seconds'] / 60:.1f} |")
+                         f"{r['parameters'] / 1e6:.2f} M | {flops} | " + (f"{on_valid} | " if valid else "")
+                         + f"{r['bleu']:.2f} | {r['step_seconds'] / 60:.1f} | {r['wall_seconds'] / 60:.1f} |")
         lines.append("")
     if segments:
         lines += ["## Training speed between shrinks", "", "| steps | heads | parameters | steps/s | FLOPs per step |",
@@ -288,6 +317,23 @@ def _heads_per_kind_trace(results: dict) -> dict[str, list[tuple[int, int]]]:
     for k, v in per_kind.items():
         trace.setdefault(k, [(0, v)]).append((max(last, trace[k][-1][0]), v))
     return trace
+
+
+def _ctranslate2_lines(ct2: dict | None) -> list[str]:
+    """The benchmark's CTranslate2 row (`prunetrain.mt.ctranslate2_speed`): where to serve the model."""
+    if not ct2:
+        return []
+    full, pruned = ct2["full"], ct2["pruned"]
+    return ["## Speed where translation is served: CTranslate2", "",
+            "| model | heads kept | heads executed (padded per stack) | sentences/s | speed-up |", "|---|---|---|---|---|",
+            f"| full-size architecture | {full['heads_kept']} | {full['heads_executed']} | "
+            f"{full['sentences_per_s']:.1f} | 1.00 |",
+            f"| final model | {pruned['heads_kept']} | {pruned['heads_executed']} | {pruned['sentences_per_s']:.1f} | "
+            f"{ct2['speedup']:.2f} |", "",
+            f"{ct2['engine']}, {ct2['compute_type']}, beam {ct2['beams']}, {ct2['sentences']} test sentences in "
+            f"batches of {ct2['batch_size']}, every output forced to {ct2['length']} tokens, {ct2['threads']} threads, "
+            f"median of {ct2['rounds']} interleaved rounds. Serve the model with `prunetrain export pruned DIR "
+            f"--format ctranslate2` (docs/export.md).", ""]
 
 
 def _bench_table(bench: dict) -> str:

@@ -90,13 +90,15 @@ def data_record(recipe, pairs) -> dict:
 
     Args:
         recipe: the recipe (its `data` section, with `data.dir` as the run reads it).
-        pairs: (train, valid, test) pairs, as the run read them.
+        pairs: (train, valid, test) pairs, as the run read them, optionally followed by {split: pairs} of the
+            more test sets (`eval.more_test_splits`).
     """
     d = recipe.data
     where = data_dir_of(recipe)
     source = {"hf_dataset": d.hf_dataset} if where is None else {"dir": str(where.resolve())}
+    splits = dict(zip(SPLITS, pairs[:3]), **(pairs[3] if len(pairs) > 3 else {}))
     return {**source, "src": d.src, "tgt": d.tgt, "test_split": d.test_split, "train_limit": d.train_limit,
-            "splits": {name: {"pairs": len(split), "sha256": _digest(split)} for name, split in zip(SPLITS, pairs)}}
+            "splits": {name: {"pairs": len(split), "sha256": _digest(split)} for name, split in splits.items()}}
 
 
 def write_data_record(out_dir: str | os.PathLike, record: dict) -> None:

@@ -14,7 +14,7 @@ import contextlib
 import copy
 import json
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
@@ -27,6 +27,8 @@ from prunetrain.mt.init_architecture import apply_initial_architecture
 from prunetrain.mt.preflight import check_flop_budget, check_initial_architecture, check_tokenizer_record, \
     merged_flop_points
 from prunetrain.mt.recipe import Recipe
+from prunetrain.mt.eval_sets import load_test_sets, points_metric, score_final_sets, strip_translations, \
+    write_final_translations, write_test_translations
 from prunetrain.mt.report import write_report
 from prunetrain.mt.run_checks import check_points_reachable
 from prunetrain.mt.run_dir import mark_complete, prepare_output_dir
@@ -77,6 +79,14 @@ class RunInputs:
     test_pairs: list
     bf16: bool
     precision: dict | None = None  # how the precision was chosen (train.precision=measure: the timings)
+    valid_pairs: list | None = None  # scored wherever the test split is (eval.valid); None: not scored
+    more_test_pairs: dict = field(default_factory=dict)  # {split: pairs} the final model is also scored on
+    test_split: str = "test"
+
+    def final_sets(self) -> dict[str, list]:
+        """{split: pairs} the final model is scored on: validation (when scored), the main test split, the others."""
+        sets = {"valid": self.valid_pairs} if self.valid_pairs is not None else {}
+        return {**sets, self.test_split: self.test_pairs, **self.more_test_pairs}
 
 
 def save_run_tokenizer(tokenizer, out_dir: Path) -> None:
@@ -93,16 +103,19 @@ def prepare_inputs(recipe: Recipe, tokenizer, model, pairs) -> RunInputs:
     from prunetrain.mt import data as D
     from prunetrain.utils.device import use_bf16
 
-    train_pairs, valid_pairs, test_pairs = pairs
-    p, max_length = recipe.pruning, recipe.data.max_length
+    train_pairs, valid_pairs, test_pairs, more_tests = pairs
+    p, ev, max_length = recipe.pruning, recipe.eval, recipe.data.max_length
     importance_set = D.build_dataset(train_pairs[: p.importance_batches * p.importance_batch_size], tokenizer,
                                      max_length=max_length)
     importance_batches = D.collate_batches(importance_set, D.make_collator(tokenizer, model), p.importance_batch_size)
-    test_pairs = test_pairs[: recipe.eval.test_limit] if recipe.eval.test_limit else test_pairs
+    first = lambda pairs, limit: pairs[:limit] if limit else pairs  # noqa: E731
     return RunInputs(tokenizer=tokenizer, train_set=D.build_dataset(train_pairs, tokenizer, max_length=max_length),
                      importance_batches=importance_batches, curve_pairs=valid_pairs[: p.curve_sentences],
-                     test_pairs=test_pairs,
-                     bf16=recipe.train.precision != "measure" and use_bf16(recipe.train.precision))
+                     test_pairs=first(test_pairs, ev.test_limit),
+                     bf16=recipe.train.precision != "measure" and use_bf16(recipe.train.precision),
+                     valid_pairs=first(valid_pairs, ev.valid_limit) if ev.valid else None,
+                     more_test_pairs={name: first(pairs, ev.test_limit) for name, pairs in more_tests.items()},
+                     test_split=recipe.data.test_split)
 
 
 def build_model(recipe: Recipe, tokenizer):
@@ -133,10 +146,11 @@ def make_callbacks(recipe: Recipe, inputs: RunInputs) -> tuple[list, TimeCapCall
     scheduled pruning, or Hard-Concrete gates with `pruning.method: l0`) and pruned-BLEU curves at their points, and
     the time cap (a guard). Returns (callbacks, time cap, clock)."""
     from prunetrain.mt.metrics import bleu_metric
-    from prunetrain.training.callbacks import FlopCooldownCallback, HardConcreteCallback, HeadPruningCallback, \
-        PruningCurveCallback
+    from prunetrain.training.callbacks import HardConcreteCallback, HeadPruningCallback, PruningCurveCallback, \
+        budget_cooldown
     from prunetrain.training.metric_points import MetricPointsCallback
     from prunetrain.training.options import CurveSweep, GateTraining, Heads, Importance, Schedule
+    from prunetrain.training.training_clock import TrainTime
 
     p, t, ev = recipe.pruning, recipe.train, recipe.eval
     late = beyond_epochs(recipe)  # listed by run_recipe, never silently dropped
@@ -144,11 +158,13 @@ def make_callbacks(recipe: Recipe, inputs: RunInputs) -> tuple[list, TimeCapCall
     curve_epochs = [e for e in p.curve_epochs if e not in late.get("curve_epochs", [])]
     if not epochs and not p.importance_steps and not t.max_steps:
         epochs = [float(t.epochs)]
-    clock = MetricPointsCallback(bleu_metric(inputs.tokenizer, inputs.test_pairs, batch_size=ev.batch_size,
-                                             num_beams=ev.num_beams, autocast_bf16=inputs.bf16),
+    seconds = 60 * t.max_train_minutes  # a training-time budget (equal wall-clock) instead of a FLOP budget
+    clock = MetricPointsCallback(points_metric(recipe, inputs),
                                  at_steps=ev.test_steps, metric_key="bleu", record_end=False,
                                  at_flops=[share * t.max_flops for share in ev.test_flops],
-                                 max_flops=t.max_flops or None)
+                                 max_flops=t.max_flops or None,
+                                 train_time=TrainTime(max_seconds=seconds or None,
+                                                      at_seconds=[share * seconds for share in ev.test_times]))
     l0 = p.method == "l0"
     prune, prune_steps = (p.schedule or None), (p.schedule_steps or None)
     if p.kept_per_kind:  # each pruning step prunes each kind its share of the kind's final amount
@@ -173,10 +189,10 @@ def make_callbacks(recipe: Recipe, inputs: RunInputs) -> tuple[list, TimeCapCall
                                               metric=metric, metric_key="bleu", sweep=sweep, heads=heads,
                                               importance=importance))
     if t.cooldown:  # after the clock (step t counted) and the pruning (a shrink keeps the groups' rates)
-        callbacks.append(FlopCooldownCallback(clock, t.cooldown))
+        callbacks.append(budget_cooldown(clock, t.cooldown))
     time_cap = TimeCapCallback(t.max_minutes, watch=[c for c in callbacks if hasattr(c, "expect_end")],
                                budget=clock if t.max_flops else None)
-    return callbacks + [time_cap], time_cap, clock
+    return callbacks + [time_cap, clock.clock_end], time_cap, clock  # the training clock's end marker last
 
 
 def train(recipe: Recipe, model, inputs: RunInputs, out_dir: Path, callbacks: list, *, resume: bool):
@@ -274,6 +290,42 @@ def benchmark(recipe: Recipe, tokenizer, pruned, out_dir: Path, bf16: bool, prog
     return json.loads(result.to_json())
 
 
+def benchmark_ctranslate2(recipe: Recipe, tokenizer, pruned, sources: list[str], out_dir: Path,
+                          progress: Callable[[str], None]) -> dict | None:
+    """The same pair in CTranslate2, where translation models are served (`prunetrain.mt.ctranslate2_speed`:
+    float32, beam `eval.num_beams`, forced lengths, `eval.bench_repeats` interleaved rounds over the test sources),
+    written to `bench_ctranslate2.json`; None without `eval.bench`, without pruning or without the `ctranslate2`
+    package (one line says how to get the row)."""
+    from prunetrain.engine.heads import find_heads
+    from prunetrain.utils.extras import packages_missing
+
+    if not recipe.eval.bench or find_heads(pruned).total_heads == original_heads(recipe):
+        return None
+    missing = packages_missing("ctranslate2")
+    if missing:
+        progress(f"no CTranslate2 row in the benchmark: {missing}")
+        return None
+    from prunetrain.mt.ctranslate2_speed import ctranslate2_speed
+    from prunetrain.export.padded import padded_model
+
+    ev = recipe.eval
+    full = padded_model(pruned).float()  # the full-size architecture with the final model's weights, removed heads
+    # zero: the engine checks it against itself like any export, where a random model's pad probability would not pass
+    try:
+        result = ctranslate2_speed(pruned.float(), full, tokenizer, sources, beams=ev.num_beams,
+                                   batch_size=ev.batch_size, repeats=ev.bench_repeats)
+    except ValueError as error:  # the engine refused the model: the run's own results stand without the row
+        progress(f"no CTranslate2 row in the benchmark: {error}")
+        return None
+    (out_dir / "bench_ctranslate2.json").write_text(json.dumps(result, indent=1))
+    progress(f"CTranslate2 float32, beam {ev.num_beams}, {result['sentences']} test sentences at {result['length']} "
+             f"tokens: pruned {result['pruned']['sentences_per_s']:.1f} sentences/s, full-size "
+             f"{result['full']['sentences_per_s']:.1f}: {result['speedup']:.2f}× (heads executed "
+             f"{result['pruned']['heads_executed']} of {result['full']['heads_executed']}, "
+             f"{result['pruned']['heads_kept']} kept)")
+    return result
+
+
 def run_recipe(recipe: Recipe, out_dir: str | Path, *, data_dir: str | None = None, resume: bool = False,
                overwrite: bool = False, progress: Callable[[str], None] = print) -> dict | None:
     """Run the whole pipeline; returns the results dictionary (also written to `results.json`). Under `torchrun`
@@ -312,13 +364,18 @@ def _run_locked(recipe: Recipe, out_dir: Path, *, resume: bool, overwrite: bool,
     training = TrainingOutcome((time.time() - train_start) / 60, time_cap, clock, initial, resumed_from)
     report_training(recipe, training, progress)
     final = prune_and_evaluate(recipe, model, inputs, progress)
+    final["sets"] = score_final_sets(recipe, final, inputs, progress)
     saved = save_final_models(recipe, final, inputs.tokenizer, out_dir)
     final["mask"].to_json(out_dir / "final_mask.json")
     bench = benchmark(recipe, inputs.tokenizer, final["pruned"], out_dir, inputs.bf16, progress)
+    bench_ct2 = benchmark_ctranslate2(recipe, inputs.tokenizer, final["pruned"], [s for s, _ in inputs.test_pairs],
+                                      out_dir, progress)
     results = collect_results(recipe, out_dir, training, final, dict(bench=bench, saved=saved), started)
+    results["bench_ctranslate2"] = bench_ct2
     if inputs.precision is not None:
         results["precision_measured"] = inputs.precision
     write_test_translations(out_dir, final["shrunk"])
+    write_final_translations(out_dir, final["sets"])
     (out_dir / "results.json").write_text(json.dumps(results, indent=1))
     write_report(out_dir, results)
     mark_complete(out_dir, {"results": "results.json", "report": "report.md"})
@@ -329,16 +386,18 @@ def _run_locked(recipe: Recipe, out_dir: Path, *, resume: bool, overwrite: bool,
 def start_run(recipe: Recipe, out_dir: Path, *, resume: bool, overwrite: bool, progress: Callable[[str], None]):
     """Read the data, refuse a schedule that can never fire, an initial architecture that does not fit and a FLOP
     budget too small for the schedule, then (rank 0) check and prepare the run directory and save the tokenizer;
-    returns the (train, valid, test) pairs and the tokenizer. Everything is checked before the output directory is
+    returns the (train, valid, test, {more test split: pairs}) data and the tokenizer. Everything is checked before the output directory is
     touched (a run `--overwrite` would replace stays whole until then), and a resume reads the same data with the
     same tokenizer."""
-    pairs = ranks.shared(lambda: load_pairs(recipe, None), lambda: load_pairs(recipe, None))
+    read = lambda: (*load_pairs(recipe, None), load_test_sets(recipe))  # noqa: E731
+    pairs = ranks.shared(read, read)
     check_points_reachable(recipe, len(pairs[0]))
     check_initial_architecture(recipe)
     tokenizer = ranks.shared(lambda: _prepare(recipe, out_dir, pairs, resume=resume, overwrite=overwrite,
                                               progress=progress),
                              lambda: load_tokenizer(out_dir / "tokenizer"))
-    progress(f"data: {len(pairs[0])} train, {len(pairs[1])} valid, {len(pairs[2])} test pairs")
+    more = "".join(f", {len(split)} {name}" for name, split in pairs[3].items())
+    progress(f"data: {len(pairs[0])} train, {len(pairs[1])} valid, {len(pairs[2])} test{more} pairs")
     return pairs, tokenizer
 
 
@@ -446,6 +505,11 @@ def report_training(recipe: Recipe, training: TrainingOutcome, progress: Callabl
     for point in merged_flop_points(recipe, clock):
         progress(f"eval.test_flops: the point {point['share']:g} of the budget was crossed by step {point['step']} "
                  f"together with a later point; test BLEU was taken once there and is recorded for the later one")
+    if recipe.train.max_train_minutes and clock.budget_reached_at_step is None:
+        progress(f"the training-time budget train.max_train_minutes={recipe.train.max_train_minutes:g} was not "
+                 f"reached: training ended at step {time_cap.last_step} after {clock.train_seconds / 60:.2f} min of "
+                 f"training time (train.epochs={recipe.train.epochs}, train.max_steps={recipe.train.max_steps} or "
+                 f"the time cap ended it first)")
     if recipe.train.max_flops and clock.budget_reached_at_step is None:
         progress(f"the FLOP budget train.max_flops={recipe.train.max_flops:.4g} was not reached: training ended at "
                  f"step {time_cap.last_step} after {clock.flops:.4g} FLOPs (train.epochs="
@@ -463,7 +527,9 @@ def collect_results(recipe: Recipe, out_dir: Path, training: TrainingOutcome, fi
         "total_minutes": (time.time() - started) / 60, "resumed_from_step": training.resumed_from_step,
         "train_step_minutes": clock.step_seconds / 60, "steps": int(time_cap.last_step or 0),
         "train_flops": clock.flops if clock.meter.counted else None, "max_flops": recipe.train.max_flops or None,
-        "flop_budget_reached_at_step": clock.budget_reached_at_step, "flop_fits": clock.meter.fits,
+        "train_seconds": clock.train_seconds, "max_train_seconds": clock.max_train_seconds,
+        "flop_budget_reached_at_step": clock.budget_reached_at_step if recipe.train.max_flops else None,
+        "budget_reached_at_step": clock.budget_reached_at_step,  # the FLOP or the training-time budget "flop_fits": clock.meter.fits,
         "test_flops_merged": merged_flop_points(recipe, clock) if recipe.train.max_flops else [],
         "initial_architecture": training.initial,
         "stopped_early_at_epoch": time_cap.stopped_at, "time_cap": time_cap.to_dict(),
@@ -472,10 +538,14 @@ def collect_results(recipe: Recipe, out_dir: Path, training: TrainingOutcome, fi
         "heads_kept": final_layout.total_heads, "kept_per_kind": final_layout.heads_per_kind(),
         "parameters_final": final_parameters,
         "trained_name": trained_name(recipe, final["mask"].num_heads),
-        "test_full": _strip(final["full"]), "test_masked": _strip(final["masked"]) if final["masked"] else None,
-        "test_pruned": _strip(final["shrunk"]), "bench": written["bench"], "saved": written["saved"],
+        "test_full": strip_translations(final["full"]), "test_masked": strip_translations(final["masked"]) if final["masked"] else None,
+        "test_pruned": strip_translations(final["shrunk"]), "bench": written["bench"], "saved": written["saved"],
+        "final_scores": {name: strip_translations(score) for name, score in final["sets"].items()},
+        "valid_split": "valid" if "valid" in final["sets"] else None,
+        "test_splits": [name for name in final["sets"] if name != "valid"],
         "bleu_over_training": clock.records + [final_record(final["shrunk"], final_layout.total_heads,
-                                                            final_parameters, clock, time_cap)],
+                                                            final_parameters, clock, time_cap,
+                                                            final["sets"].get("valid"))],
         "step_rate": clock.segments, "pruning_events": _read_json(out_dir / "prunetrain" / "pruning_events.json"),
     }
 
@@ -496,12 +566,17 @@ def save_final_models(recipe: Recipe, final: dict, tokenizer, out_dir: Path) -> 
     return saved
 
 
-def final_record(result: dict, heads: int, parameters: int, clock, time_cap) -> dict:
-    """The last point of the BLEU-over-training curve: the final model's test score (`result`) at the last step."""
-    return {"step": int(time_cap.last_step or 0), "epoch": time_cap.last_epoch, "kind": "final",
-            "step_seconds": clock.step_seconds, "wall_seconds": clock.wall_seconds(),
-            "flops": clock.flops if clock.meter.counted else None, "bleu": result["bleu"],
-            "heads": heads, "parameters": parameters, "sentences_per_second": result.get("sentences_per_second")}
+def final_record(result: dict, heads: int, parameters: int, clock, time_cap, valid: dict | None = None) -> dict:
+    """The last point of the BLEU-over-training curve: the final model's test score (`result`) at the last step,
+    with its validation score when the run scores validation (`valid`)."""
+    record = {"step": int(time_cap.last_step or 0), "epoch": time_cap.last_epoch, "kind": "final",
+              "step_seconds": clock.step_seconds, "wall_seconds": clock.wall_seconds(),
+              "flops": clock.flops if clock.meter.counted else None, "bleu": result["bleu"],
+              "chrf": result.get("chrf"), "heads": heads, "parameters": parameters,
+              "sentences_per_second": result.get("sentences_per_second")}
+    if valid is not None:
+        record.update(valid_bleu=valid["bleu"], valid_chrf=valid["chrf"])
+    return record
 
 
 def _read_json(path: Path):
@@ -515,21 +590,3 @@ def points_summary(out_dir: Path, late: dict) -> dict:
     for path in sorted((out_dir / "prunetrain").glob("schedule_*.json")):
         out[path.stem.removeprefix("schedule_")] = read_json(path, "run", allow_nan=True)
     return out
-
-
-def write_test_translations(out_dir: Path, result: dict) -> None:
-    """The final model's test hypotheses and BLEU's per-sentence statistics (`test_translations.json`), so that
-    `prunetrain compare` can test the difference between two runs' final models by paired bootstrap."""
-    from prunetrain.methods.significance import SENTENCE_STATS
-    from prunetrain.mt.compare_arms import TRANSLATIONS_FILE
-
-    data = {"bleu": result["bleu"], "bleu_signature": result.get("bleu_signature"),
-            "num_beams": result.get("num_beams"), "hypotheses": result.get("hypotheses"),
-            SENTENCE_STATS: result.get(SENTENCE_STATS)}
-    (out_dir / TRANSLATIONS_FILE).write_text(json.dumps(data, ensure_ascii=False))
-
-
-def _strip(result: dict) -> dict:
-    from prunetrain.methods.significance import SENTENCE_STATS
-
-    return {k: v for k, v in result.items() if k not in ("hypotheses", SENTENCE_STATS)}

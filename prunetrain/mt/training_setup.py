@@ -57,8 +57,11 @@ def train_seq2seq(model, args, train_set, tokenizer, callbacks=(), resume_from_c
 
     The Trainer sets `model.config.use_cache` to `TrainingArguments.use_cache` (False) when it is built, so a model
     saved after training would say `use_cache: false` and a plain `model(...)` would build no cache; the model's own
-    value is put back when training ends. `compute_loss_func` is the Trainer's (e.g. `prunetrain.mt.ranks`'s loss
-    over the whole step's tokens under torchrun). Returns the trainer.
+    value is put back when training ends. With mixed precision, accelerate replaces the model's `forward` by one run
+    under autocast (bf16 here) and leaves it there after training: every later use of the model (final BLEU under
+    the run's own autocast setting, exports checked against the model in fp32) would silently compute in bf16, so
+    the model's own `forward` is put back too. `compute_loss_func` is the Trainer's (e.g. `prunetrain.mt.ranks`'s
+    loss over the whole step's tokens under torchrun). Returns the trainer.
     """
     from transformers import Seq2SeqTrainer
 
@@ -75,4 +78,14 @@ def train_seq2seq(model, args, train_set, tokenizer, callbacks=(), resume_from_c
         current = getattr(model, "config", None)  # a shrink gives the model its own copy of the config (own_config)
         if use_cache is not None and current is not None:
             current.use_cache = use_cache
+        remove_autocast_forward(model)
     return trainer
+
+
+def remove_autocast_forward(model) -> None:
+    """Put back the model's own `forward` where accelerate's mixed precision wrapped it (its `_original_forward`
+    marks the wrapper); a model without the wrapper is left as it is."""
+    from accelerate.utils import extract_model_from_parallel
+
+    if "_original_forward" in getattr(model, "__dict__", {}):
+        extract_model_from_parallel(model, keep_fp32_wrapper=False)

@@ -6,14 +6,14 @@
 - `TimeCapCallback` (`prunetrain.training.time_cap`): a wall-clock guard on a run defined by its steps.
 - `MetricPointsCallback` (`prunetrain.training.metric_points`): a metric at chosen steps with the training-step clock
   and the step rate between shrinks.
-- `FlopCooldownCallback` (`prunetrain.training.cooldown`): the learning rate decays to zero over the last share of
-  the clock's FLOP budget.
+- `FlopCooldownCallback`, `TrainTimeCooldownCallback` (`prunetrain.training.cooldown`): the learning rate decays to
+  zero over the last share of the clock's FLOP or training-time budget (`budget_cooldown` picks the one it has).
 - `HardConcreteCallback` (`prunetrain.training.hard_concrete`): Hard-Concrete L0 gates (Voita et al. 2019).
 - `PrunetrainCallback` (`prunetrain.training.base`) and the checkpoint helpers (`prunetrain.training.state`).
 """
 
 from prunetrain.training.base import PrunetrainCallback
-from prunetrain.training.cooldown import FlopCooldownCallback
+from prunetrain.training.cooldown import FlopCooldownCallback, TrainTimeCooldownCallback, budget_cooldown
 from prunetrain.training.hard_concrete import HardConcreteCallback
 from prunetrain.training.head_pruning import HeadPruningCallback
 from prunetrain.training.metric_points import MetricPointsCallback
@@ -22,4 +22,5 @@ from prunetrain.training.state import last_complete_checkpoint, restore_layout
 from prunetrain.training.time_cap import TimeCapCallback
 
 __all__ = ["FlopCooldownCallback", "HardConcreteCallback", "HeadPruningCallback", "MetricPointsCallback",
-           "PruningCurveCallback", "PrunetrainCallback", "TimeCapCallback", "last_complete_checkpoint", "restore_layout"]
+           "PruningCurveCallback", "PrunetrainCallback", "TimeCapCallback", "TrainTimeCooldownCallback",
+           "budget_cooldown", "last_complete_checkpoint", "restore_layout"]

@@ -17,6 +17,12 @@ set η_s(t + 1)) and after the clock counted step t; the scheduler reports the a
 (`LambdaLR`, which every transformers schedule but `reduce_lr_on_plateau` and `greedy` is), so the factor never
 compounds. The factor is a function of the FLOPs alone: a resumed run (the clock restores its count; the optimizer
 its scaled rates) continues exactly, and under DDP/FSDP every rank has the same count, hence the same rate.
+
+A run defined by its training time (`MetricPointsCallback(train_time=TrainTime(max_seconds=B))`) cools down the same
+way over the last share of that budget (`TrainTimeCooldownCallback`): F_t is then the training clock's seconds after
+step t (`prunetrain.training.training_clock`), the same on every rank (the clock is synchronised at every step) and
+restored on resume. Time is measured, not computed: a resumed run continues with the same factor function, not with
+bit-identical rates.
 """
 
 from __future__ import annotations
@@ -26,7 +32,8 @@ from transformers import TrainerCallback
 
 from prunetrain.utils.validate import check_positive_float
 
-__all__ = ["FlopCooldownCallback", "NOT_LAMBDA_SCHEDULERS", "cooldown_factor"]
+__all__ = ["FlopCooldownCallback", "NOT_LAMBDA_SCHEDULERS", "TrainTimeCooldownCallback", "budget_cooldown",
+           "cooldown_factor"]
 
 NOT_LAMBDA_SCHEDULERS = ("reduce_lr_on_plateau", "greedy")  # the transformers schedules that are not a LambdaLR
 
@@ -46,27 +53,35 @@ class FlopCooldownCallback(TrainerCallback):
         share: the last part of the budget over which the rate decays to zero, 0 < share ≤ 1 (0.2: the last 20 %).
     """
 
+    BUDGET = "max_flops"  # the clock's attribute holding the budget
+    WHAT = ("FLOP budget", "FLOP cooldown", "FLOPs")  # the budget, the cooldown and what it spans, in messages
+
     def __init__(self, clock, share: float):
-        if getattr(clock, "max_flops", None) is None:
-            raise ValueError("clock: the learning-rate cooldown follows a FLOP budget; give the MetricPointsCallback "
-                             "a max_flops.")
+        budget, (name, _, unit) = getattr(clock, self.BUDGET, None), self.WHAT
+        if budget is None:
+            raise ValueError(f"clock: the learning-rate cooldown follows a {name}; give the MetricPointsCallback "
+                             f"a {self.BUDGET}.")
         check_positive_float("share", share)
         if share > 1:
-            raise ValueError(f"share: {share!r} is not allowed; expected the part of the FLOP budget the cooldown "
+            raise ValueError(f"share: {share!r} is not allowed; expected the part of the {name} the cooldown "
                              f"spans, 0 < share <= 1.")
-        if not float(share) * float(clock.max_flops) > 0:
-            raise ValueError(f"share: {share!r} × the clock's max_flops {clock.max_flops!r} is below the smallest "
-                             f"float; the cooldown would span no FLOPs — give a larger share or budget.")
+        if not float(share) * float(budget) > 0:
+            raise ValueError(f"share: {share!r} × the clock's {self.BUDGET} {budget!r} is below the smallest "
+                             f"float; the cooldown would span no {unit} — give a larger share or budget.")
         self.clock, self.share = clock, float(share)
+
+    def spent(self) -> tuple[float, float]:
+        """(what the run has spent of its budget after the last step, the budget)."""
+        return self.clock.flops, self.clock.max_flops
 
     def on_train_begin(self, args, state, control, lr_scheduler=None, **kwargs):
         if not isinstance(lr_scheduler, LambdaLR):
-            raise ValueError(f"lr_scheduler: {type(lr_scheduler).__name__} is not allowed with a FLOP cooldown; "
+            raise ValueError(f"lr_scheduler: {type(lr_scheduler).__name__} is not allowed with a {self.WHAT[1]}; "
                              f"expected a LambdaLR schedule (every transformers lr_scheduler_type but "
                              f"{' and '.join(NOT_LAMBDA_SCHEDULERS)}), which computes each rate from its base rates.")
 
     def on_step_end(self, args, state, control, optimizer=None, lr_scheduler=None, **kwargs):
-        factor = cooldown_factor(self.clock.flops, self.clock.max_flops, self.share)
+        factor = cooldown_factor(*self.spent(), self.share)
         if factor == 1.0:
             return control
         groups = optimizer.param_groups
@@ -74,3 +89,21 @@ class FlopCooldownCallback(TrainerCallback):
             group["lr"] = rate * factor
         lr_scheduler._last_lr = [g["lr"] for g in groups]  # reported (and logged by the Trainer) as applied
         return control
+
+
+class TrainTimeCooldownCallback(FlopCooldownCallback):
+    """The same cooldown over the last share of a training-time budget: c(x) with x the training clock's seconds
+    (`MetricPointsCallback(train_time=TrainTime(max_seconds=...))`, registered before this callback)."""
+
+    BUDGET = "max_train_seconds"
+    WHAT = ("training-time budget", "training-time cooldown", "time")
+
+    def spent(self) -> tuple[float, float]:
+        return self.clock.train_seconds, self.clock.max_train_seconds
+
+
+def budget_cooldown(clock, share: float) -> FlopCooldownCallback:
+    """The cooldown over the last `share` of the clock's budget, FLOPs or training time (whichever it has)."""
+    if getattr(clock, "max_train_seconds", None) is not None:
+        return TrainTimeCooldownCallback(clock, share)
+    return FlopCooldownCallback(clock, share)

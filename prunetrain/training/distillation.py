@@ -26,6 +26,21 @@ on the frozen teacher, whose parameters need no gradients: forward only), summed
 (`teacher_flops`, `distillation.json`, TensorBoard `distill/teacher_flops`). A FLOP budget (`MetricPointsCallback(
 max_flops=...)`, the recipes' `train.max_flops`) counts the student's forward and backward only, so a comparison at
 equal student FLOPs shows the teacher's beside it.
+
+Hidden-state matching (CoFi, Xia et al. 2022), optional (`hidden_weight` β > 0) adds
+
+    β · Σ_{l ∈ layers} MSE(h_s^l, h_t^l),      MSE(a, b) = Σ_{positions} ‖a − b‖² / (positions · d_model),
+
+where h^l is the output of transformer block l (0-based; the embeddings are not matched) of the student and of the
+teacher, layer l of one matched to layer l of the other (pruning heads removes no layer and keeps d_model), over the
+positions that are not padding (the attention mask's for the encoder, a causal LM and a classifier; the target
+tokens, `labels != -100`, for a decoder). A sequence-to-sequence model matches its encoder's and its decoder's
+layers alike. Under gradient accumulation normalised over the whole step (`num_items_in_batch`), each batch's term is
+weighted by its share of the step's counted positions, as the KL is.
+
+Resuming: every Trainer checkpoint records the teacher's architecture (tensor names and shapes); a snapshot teacher's
+weights are saved with it and restored on resume (`prunetrain.training.distillation_teacher`), so a resumed run equals
+an uninterrupted one. A given teacher is not saved: give it again, and a teacher of another architecture is refused.
 """
 
 from __future__ import annotations
@@ -33,6 +48,7 @@ from __future__ import annotations
 import copy
 import functools
 import math
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
@@ -40,7 +56,9 @@ from torch import nn
 
 from prunetrain.engine.heads import unwrap_model
 from prunetrain.training.base import PrunetrainCallback
-from prunetrain.utils.validate import check_bool
+from prunetrain.training.distillation_teacher import architecture, check_same_architecture, rebuild_snapshot, \
+    snapshot_record, snapshot_tensors
+from prunetrain.utils.validate import check_bool, check_ints, check_positive_float
 
 TASKS = ("seq2seq", "causal", "classes")
 
@@ -71,6 +89,45 @@ def distillation_kl(student_logits: torch.Tensor, teacher_logits: torch.Tensor, 
     log_p_teacher = F.log_softmax(teacher / temperature, dim=-1)
     kl = (log_p_teacher.exp() * (log_p_teacher - log_p_student)).sum()
     return kl * temperature ** 2, student.shape[0]
+
+
+def hidden_state_mse(student_outputs, teacher_outputs, inputs: dict, task: str,
+                     layers: tuple[int, ...] | None = None) -> torch.Tensor:
+    """Σ_l MSE(h_s^l, h_t^l) over the chosen layers of each stack (module doc), a float32 scalar.
+
+    Args:
+        student_outputs, teacher_outputs: model outputs computed with `output_hidden_states=True`.
+        inputs: the batch (its `attention_mask` and `labels` say which positions count).
+        task: one of `TASKS`; "seq2seq" matches the encoder's and the decoder's hidden states.
+        layers: 0-based block indices (each stack's), None: every block.
+    """
+    labels = inputs.get("labels")
+    if task == "seq2seq":
+        streams = [("encoder_hidden_states", inputs.get("attention_mask")),
+                   ("decoder_hidden_states", labels != -100 if labels is not None else None)]
+    else:
+        streams = [("hidden_states", inputs.get("attention_mask"))]
+    total = torch.zeros((), dtype=torch.float32)
+    for key, mask in streams:
+        student, teacher = getattr(student_outputs, key, None), getattr(teacher_outputs, key, None)
+        if student is None or teacher is None:
+            raise ValueError(f"hidden_weight: the model returns no {key} with output_hidden_states=True, so its "
+                             f"hidden states cannot be matched; set hidden_weight=0.")
+        blocks = len(student) - 1  # entry 0 is the embeddings' output
+        for layer in range(blocks) if layers is None else layers:
+            if layer >= blocks:
+                raise ValueError(f"hidden_layers: layer {layer} is not allowed; the model's {key} come from "
+                                 f"{blocks} blocks (0 to {blocks - 1}).")
+            a, b = student[layer + 1].float(), teacher[layer + 1].float().to(student[layer + 1].device)
+            if a.shape != b.shape:
+                raise ValueError(f"hidden_weight: the student's {key}[{layer + 1}] has shape {tuple(a.shape)}, the "
+                                 f"teacher's {tuple(b.shape)}; hidden states are matched only at equal widths.")
+            squared = (a - b).pow(2).sum(-1)  # [batch, positions]
+            if mask is not None:
+                keep = mask.to(squared.device).bool()
+                squared = squared[keep]
+            total = total.to(squared.device) + squared.sum() / (max(squared.numel(), 1) * a.shape[-1])
+    return total
 
 
 def frozen_copy(model: nn.Module) -> nn.Module:
@@ -104,21 +161,29 @@ def _task_of(model: nn.Module) -> str:
 
 
 class DistillationCallback(PrunetrainCallback):
-    """Distil from a frozen teacher while training (and pruning) the student: L = (1 − α)·CE + α·T²·KL (module doc).
+    """Distil from a frozen teacher while training (and pruning) the student:
+    L = (1 − α)·CE + α·T²·KL + β·Σ_l MSE(h_s^l, h_t^l) (module doc).
 
     Args:
         teacher: the frozen teacher (moved to the student's device when training begins; its parameters get no
             gradients; under DDP/FSDP2 every rank holds a whole replica), or None: a frozen copy of the student
-            taken when training begins (a run with such a teacher cannot resume: it is refused in one line).
-        alpha: α in [0, 1], the weight of the soft term (0: plain training, bit-identical).
+            taken when training begins. A given teacher is not saved with the checkpoints: to resume, give it
+            again (one of another architecture — tensor names or shapes — is refused); a copy is saved with every
+            checkpoint and restored on resume.
+        alpha: α in [0, 1], the weight of the soft term (0 with hidden_weight 0: plain training, bit-identical).
         temperature: T > 0.
-        output_dir, tensorboard: as every prunetrain callback (`distill/kl`, `distill/cross_entropy` are logged).
+        hidden_weight: β >= 0, the weight of hidden-state matching (0: off).
+        hidden_layers: the 0-based blocks whose outputs are matched (in each stack of a sequence-to-sequence
+            model), None: every block.
+        output_dir, tensorboard: as every prunetrain callback (`distill/kl`, `distill/cross_entropy` and, with
+            hidden-state matching, `distill/hidden` are logged).
     """
 
     name = "distillation"
 
     def __init__(self, teacher: nn.Module | None = None, alpha: float = 0.5, temperature: float = 2.0,
-                 output_dir: str | None = None, tensorboard: bool = True):
+                 hidden_weight: float = 0.0, hidden_layers=None, output_dir: str | None = None,
+                 tensorboard: bool = True):
         check_bool("tensorboard", tensorboard)
         super().__init__(output_dir, tensorboard)
         if teacher is not None and not isinstance(teacher, nn.Module):
@@ -130,6 +195,11 @@ class DistillationCallback(PrunetrainCallback):
                 allowed = "a number in [0, 1]" if argument == "alpha" else "a finite number > 0"
                 raise ValueError(f"{argument}: {value!r} is not allowed; expected {allowed}.")
         self.teacher, self.alpha, self.temperature = teacher, float(alpha), float(temperature)
+        self.hidden_weight = check_positive_float("hidden_weight", hidden_weight, allow_zero=True)
+        self.hidden_layers = None if hidden_layers is None else check_ints("hidden_layers", hidden_layers, minimum=0)
+        if self.hidden_layers is not None and len(set(self.hidden_layers)) != len(self.hidden_layers):
+            raise ValueError(f"hidden_layers: {list(hidden_layers)!r} names a layer twice; name each layer once.")
+        self._recorded: dict = {}  # what the checkpoint being resumed recorded of its teacher
         self.snapshot = teacher is None
         self.last: dict[str, float] = {}
         # this process's teacher forward FLOPs (summed over ranks at the end of training); None: not countable
@@ -143,18 +213,15 @@ class DistillationCallback(PrunetrainCallback):
         self._setup(args, state, model)
         student = unwrap_model(model)
         self._task = _task_of(student)
-        if self.snapshot and state.global_step > 0:
-            raise ValueError("teacher: a run distilling from a copy of the student cannot resume from a checkpoint "
-                             "(the copy was taken before its heads were pruned); give the teacher model "
-                             "explicitly (teacher=...) to resume.")
-        if self.snapshot:
-            self.teacher = frozen_copy(student)
+        if self.snapshot:  # on resume, the copy taken when the run began comes back from the checkpoint
+            self.teacher = frozen_copy(student) if state.global_step <= 0 else None
         elif self.teacher is student or any(p is q for p in self.teacher.parameters() for q in student.parameters()):
             raise ValueError("teacher: it shares parameters with the student being trained; give a separate (frozen) "
                              "model, or teacher=None for a copy of the student taken when training begins.")
+        if self._restore(args, state):
+            self._resume_teacher(student, Path(args.output_dir) / f"checkpoint-{state.global_step}")
         device = next(student.parameters()).device
         self.teacher.to(device).eval().requires_grad_(False)
-        self._restore(args, state)
         if self._student is not student:
             self._wrap(student)
 
@@ -187,23 +254,35 @@ class DistillationCallback(PrunetrainCallback):
 
         @functools.wraps(original)
         def forward(*args, **kwargs):
-            outputs = original(*args, **kwargs)
+            matching = self.hidden_weight > 0 and student.training
+            outputs = original(*args, **({**kwargs, "output_hidden_states": True} if matching else kwargs))
             loss = getattr(outputs, "loss", None)
-            if not student.training or loss is None or self.alpha == 0.0:
+            if not student.training or loss is None or (self.alpha == 0.0 and not matching):
                 return outputs
             with torch.no_grad():
-                teacher_logits = self.teacher(*args, **kwargs).logits
+                teacher_outputs = self.teacher(*args, **({**kwargs, "output_hidden_states": True} if matching
+                                                         else kwargs))
             self._count_teacher(kwargs)
-            kl, count = distillation_kl(outputs.logits, teacher_logits.to(outputs.logits.dtype),
-                                        kwargs.get("labels"), self.temperature, self._task)
-            items = kwargs.get("num_items_in_batch")
-            soft = kl / (items if items is not None else max(count, 1))
-            self.last = {"kl": float(soft.detach()), "cross_entropy": float(loss.detach())}
-            outputs.loss = (1.0 - self.alpha) * loss + self.alpha * soft.to(loss.dtype)
+            outputs.loss = self._combined(loss, outputs, teacher_outputs, kwargs)
             return outputs
 
         student.forward = forward
         self._student = student
+
+    def _combined(self, loss: torch.Tensor, outputs, teacher_outputs, inputs: dict) -> torch.Tensor:
+        """(1 − α)·CE + α·T²·KL (+ β·Σ_l MSE), each term normalised as the module doc says."""
+        kl, count = distillation_kl(outputs.logits, teacher_outputs.logits.to(outputs.logits.dtype),
+                                    inputs.get("labels"), self.temperature, self._task)
+        items = inputs.get("num_items_in_batch")
+        share = count / items if items is not None else 1.0  # this batch's share of the step's counted positions
+        soft = kl / (items if items is not None else max(count, 1))
+        self.last = {"kl": float(soft.detach()), "cross_entropy": float(loss.detach())}
+        combined = (1.0 - self.alpha) * loss + self.alpha * soft.to(loss.dtype)
+        if self.hidden_weight > 0:
+            hidden = hidden_state_mse(outputs, teacher_outputs, inputs, self._task, self.hidden_layers) * share
+            self.last["hidden"] = float(hidden.detach())
+            combined = combined + self.hidden_weight * hidden.to(loss.dtype)
+        return combined
 
     def _count_teacher(self, inputs: dict) -> None:
         from prunetrain.bench.step_flops import StepFlopModel, batch_shape
@@ -224,15 +303,42 @@ class DistillationCallback(PrunetrainCallback):
             del self._student.forward
         self._student = None
 
+    # -- checkpoint state: the settings, the teacher's architecture and, for a snapshot teacher, its weights ---
+    def _settings(self) -> dict:
+        return {"alpha": self.alpha, "temperature": self.temperature, "hidden_weight": self.hidden_weight,
+                "hidden_layers": list(self.hidden_layers) if self.hidden_layers is not None else None}
+
     def state_dict(self) -> dict:
-        return {"alpha": self.alpha, "temperature": self.temperature, "snapshot": self.snapshot,
-                "teacher_flops": self.teacher_flops}
+        state = {**self._settings(), "snapshot": self.snapshot, "teacher_flops": self.teacher_flops}
+        if self.teacher is not None:
+            state["teacher_architecture"] = architecture(self.teacher)
+            if self.snapshot:
+                state["teacher_record"] = snapshot_record(self.teacher)
+        return state
+
+    def tensor_state(self) -> dict[str, torch.Tensor]:
+        return snapshot_tensors(self.teacher) if self.snapshot and self.teacher is not None else {}
 
     def load_state_dict(self, state: dict) -> None:
-        if (state.get("alpha"), state.get("temperature")) != (self.alpha, self.temperature):
-            raise ValueError(f"alpha/temperature: the checkpoint was trained with alpha={state.get('alpha')} and "
-                             f"temperature={state.get('temperature')}, not {self.alpha} and {self.temperature}.")
+        saved = {**self._settings(), "hidden_weight": 0.0, "hidden_layers": None,
+                 **{k: state[k] for k in self._settings() if k in state}}
+        for key, value in self._settings().items():
+            if saved[key] != value:
+                raise ValueError(f"{key}: the checkpoint was trained with {key}={saved[key]!r}, not {value!r}; "
+                                 f"resume with the settings it was trained with.")
         self.teacher_flops = state.get("teacher_flops", 0)
+        self._recorded = {"architecture": state.get("teacher_architecture"), "record": state.get("teacher_record")}
+
+    def load_tensor_state(self, tensors: dict[str, torch.Tensor]) -> None:
+        self._recorded["tensors"] = tensors
+
+    def _resume_teacher(self, student: nn.Module, checkpoint: Path) -> None:
+        """The snapshot teacher rebuilt from the checkpoint, or the given one checked against its record."""
+        recorded, self._recorded = self._recorded, {}
+        if self.snapshot:
+            self.teacher = rebuild_snapshot(student, recorded.get("record") or {}, recorded.get("tensors"),
+                                            str(checkpoint))
+        check_same_architecture(recorded.get("architecture"), self.teacher)
 
 
-__all__ = ["DistillationCallback", "TASKS", "distillation_kl", "frozen_copy"]
+__all__ = ["DistillationCallback", "TASKS", "distillation_kl", "frozen_copy", "hidden_state_mse"]

@@ -207,7 +207,8 @@ class HeadPruningCallback(ScheduledCallback):
             return self._sample.batches()
         return first_batches(train_dataloader, self.num_batches)
 
-    def act(self, point: Point, kind: str, state, model=None, optimizer=None, train_dataloader=None, **kwargs):
+    def _amount(self, point: Point, kind: str):
+        """The cumulative amount the schedule prunes at `point` (None: an importance point only)."""
         amount = None
         if kind == "scheduled":
             amount = self._amount_at.get(point.step)
@@ -215,6 +216,15 @@ class HeadPruningCallback(ScheduledCallback):
                 amount = self._prune_fn(int(point.given[1]))
                 if amount is not None:
                     check_amount(f"prune({int(point.given[1])})", amount)
+        return amount
+
+    def is_measurement(self, point: Point, kind: str) -> bool:
+        """An importance point that prunes and shrinks nothing only measures (the training clock leaves it out);
+        importance at a pruning point, the pruning and a shrink are the method's work."""
+        return self._amount(point, kind) is None and not (kind == "scheduled" and point.step in self._shrink_steps)
+
+    def act(self, point: Point, kind: str, state, model=None, optimizer=None, train_dataloader=None, **kwargs):
+        amount = self._amount(point, kind)
         if self.mask is None:
             self.mask = HeadMask.ones(model)
         batches = self._importance_batches(model, train_dataloader)

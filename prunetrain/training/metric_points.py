@@ -16,6 +16,13 @@ the real shape of each batch and the model as it was at that step (`prunetrain.t
 every stretch carries them; `at_flops` evaluates when the cumulative count first reaches given values (so runs are
 compared at equal compute without interpolation), and `max_flops` stops training once a budget is spent — a run
 defined by its compute, identical on every machine.
+
+Time that users pay for: the training clock (`prunetrain.training.training_clock`) counts the optimizer steps, the
+pruning method's own work and data loading, never the measurements (this callback's metric points, pruning-curve
+sweeps, importance points that prune nothing) nor checkpoint writes. `train_time=TrainTime(at_seconds=...)`
+evaluates where it first reaches given values and `TrainTime(max_seconds=...)` stops training once a budget is spent:
+runs compared at equal training time. A run has one budget: FLOPs or training time. With `train_time`, register
+`clock_end` as the last callback of the Trainer (it closes every hook, so checkpoint writes are left out).
 """
 
 from __future__ import annotations
@@ -29,6 +36,7 @@ from prunetrain.training.compute import TrainingFlopMeter
 from prunetrain.training.points import Plan, Point, check_step_points, epoch_spec, label
 from prunetrain.training.scheduled import ScheduledCallback
 from prunetrain.training.state import RngState
+from prunetrain.training.training_clock import TrainingClock, TrainingClockEnd, TrainTime
 from prunetrain.utils.validate import check_positive_float
 
 
@@ -47,6 +55,9 @@ class MetricPointsCallback(ScheduledCallback):
             cumulative count reaches it.
         max_flops: stop training after the step at which the cumulative training FLOPs reach this budget (None: no
             budget). The run overshoots by less than one step's FLOPs; the exact count is recorded.
+        train_time: a training-time budget and points (`TrainTime(max_seconds=..., at_seconds=[...])`, in seconds of
+            the training clock; see the module docstring); its budget and `max_flops` exclude each other. Needs
+            `clock_end` registered as the Trainer's last callback.
         output_dir, tensorboard: see `PrunetrainCallback`.
     """
 
@@ -54,7 +65,7 @@ class MetricPointsCallback(ScheduledCallback):
 
     def __init__(self, metric: Callable, *, at_steps: Iterable[int] = (), at_epochs=(), metric_key: str = "value",
                  record_end: bool = True, at_flops: Iterable[float] = (), max_flops: float | None = None,
-                 output_dir: str | None = None, tensorboard: bool = True):
+                 train_time: TrainTime | None = None, output_dir: str | None = None, tensorboard: bool = True):
         super().__init__(output_dir, tensorboard)
         if not callable(metric):
             raise ValueError(f"metric: {metric!r} is not a callable model -> float | dict.")
@@ -62,6 +73,10 @@ class MetricPointsCallback(ScheduledCallback):
         self._init_points(Plan(epochs, check_step_points("at_steps", list(at_steps)), selector), record_end)
         self.at_flops = _check_flop_points(list(at_flops))
         self.max_flops = None if max_flops is None else check_positive_float("max_flops", max_flops)
+        self.train_time = _check_train_time(train_time, self.max_flops)
+        self.clock = TrainingClock()
+        self.clock_end = TrainingClockEnd(self.clock)  # the Trainer's last callback
+        self._time_points_done: set[float] = set()
         self.budget_reached_at_step: int | None = None
         self.meter = TrainingFlopMeter()
         self._flop_points_done: set[float] = set()
@@ -83,6 +98,11 @@ class MetricPointsCallback(ScheduledCallback):
         self._start_plan(args, state, train_dataloader)
 
     def on_step_begin(self, args, state, control, **kwargs):
+        if self.train_time.active and not self.clock.end_registered:
+            raise ValueError("train_time: the training clock needs its end callback; register this "
+                             "MetricPointsCallback's clock_end as the Trainer's last callback, so checkpoint writes "
+                             "are left out of the training time.")
+        self.clock.start()
         if self._step_started is None:
             self._step_started = time.perf_counter()
         self.meter.open()
@@ -95,26 +115,56 @@ class MetricPointsCallback(ScheduledCallback):
             self.step_seconds += seconds
             flops = self.meter.close(unwrap_model(model), step) if model is not None else None
             self._count_step(step, seconds, flops, model)
-        self._fire_flop_points(state, model=model, **kwargs)
+        self.clock.settle(sync=self.train_time.active)  # every rank the same value: points and budget agree
+        self._fire_value_points(state, "flops", self.at_flops, self._flop_points_done, self.flops,
+                                model=model, **kwargs)
+        self._fire_value_points(state, "train_seconds", self.at_train_seconds, self._time_points_done,
+                                self.train_seconds, model=model, **kwargs)
         super().on_step_end(args, state, control, model=model, **kwargs)
-        if self.max_flops is not None and self.budget_reached_at_step is None and self.flops >= self.max_flops:
-            self.budget_reached_at_step = step
-            control.should_training_stop = True
-            self._log(f"{label(step, float(state.epoch or 0))}: the budget of {self.max_flops:.4g} training FLOPs "
-                      f"is spent ({self.flops:.4g}); training stops")
+        self._check_budget(state, control)
         return control
+
+    def _check_budget(self, state, control) -> None:
+        """Stop training after the step that spends the budget (FLOPs or training seconds), with one log line."""
+        spent = {"training FLOPs": (self.flops, self.max_flops),
+                 "training seconds": (self.train_seconds, self.max_train_seconds)}
+        for unit, (used, budget) in spent.items():
+            if budget is not None and self.budget_reached_at_step is None and used >= budget:
+                step = int(state.global_step)
+                self.budget_reached_at_step = step
+                control.should_training_stop = True
+                self._log(f"{label(step, float(state.epoch or 0))}: the budget of {budget:.4g} {unit} is spent "
+                          f"({used:.4g}); training stops")
+
+    @property
+    def train_seconds(self) -> float:
+        """Training-clock seconds up to the end of the last optimizer step (`prunetrain.training.training_clock`)."""
+        return self.clock.seconds
+
+    @property
+    def max_train_seconds(self) -> float | None:
+        return self.train_time.max_seconds
+
+    @property
+    def at_train_seconds(self) -> tuple[float, ...]:
+        return self.train_time.at_seconds
+
+    def is_measurement(self, point: Point, kind: str) -> bool:
+        return True  # a metric point is never training
 
     @property
     def flops(self) -> int:
         """Matmul FLOPs of all training steps so far (forward + backward)."""
         return self.meter.total
 
-    def _fire_flop_points(self, state, **kwargs) -> None:
-        due = [value for value in self.at_flops if value <= self.flops and value not in self._flop_points_done]
+    def _fire_value_points(self, state, unit: str, values, done: set, current: float, **kwargs) -> None:
+        """Points given as cumulative FLOPs or training seconds: fire once at the first step that reaches them (two
+        reached by the same step: one evaluation, recorded for the later one)."""
+        due = [value for value in values if value <= current and value not in done]
         if due and int(state.global_step) not in self.done:
             step, epoch = int(state.global_step), float(state.epoch or 0)
-            self._fire(Point(("flops", due[-1]), step, epoch), "flops", state, **kwargs)
-        self._flop_points_done.update(due)
+            self._fire(Point((unit, due[-1]), step, epoch), unit, state, **kwargs)
+        done.update(due)
 
     def _count_step(self, step: int, seconds: float, flops: int | None, model) -> None:
         size = sum(p.numel() for p in unwrap_model(model).parameters()) if model is not None else None
@@ -149,7 +199,9 @@ class MetricPointsCallback(ScheduledCallback):
         step, epoch = int(state.global_step), float(state.epoch or 0)
         record = {"step": step, "epoch": epoch, "label": label(step, epoch), "kind": kind, "given": point.spec,
                   "flops_target": point.given[1] if point.given[0] == "flops" else None,
-                  "step_seconds": self.step_seconds, "wall_seconds": self.wall_seconds(),
+                  "train_seconds_target": point.given[1] if point.given[0] == "train_seconds" else None,
+                  "step_seconds": self.step_seconds, "train_seconds": self.train_seconds,
+                  "wall_seconds": self.wall_seconds(),
                   "flops": self.flops if self.meter.counted else None,
                   "metric_seconds": time.time() - started, "heads": heads_alive(net),
                   "parameters": sum(p.numel() for p in net.parameters()),
@@ -176,7 +228,8 @@ class MetricPointsCallback(ScheduledCallback):
     def state_dict(self) -> dict:
         return {"records": self.records, "segments": self.segments, "step_seconds": self.step_seconds,
                 "wall_seconds": self.wall_seconds(), "flops": self.meter.state_dict(), "max_flops": self.max_flops,
-                "budget_reached_at_step": self.budget_reached_at_step, **self.points_state()}
+                "budget_reached_at_step": self.budget_reached_at_step, "max_train_seconds": self.max_train_seconds,
+                "train_clock": self.clock.state_dict(), **self.points_state()}
 
     def load_state_dict(self, state: dict) -> None:
         self.records = list(state.get("records", []))
@@ -186,6 +239,8 @@ class MetricPointsCallback(ScheduledCallback):
         self.meter.load_state_dict(state.get("flops") or {})
         self.budget_reached_at_step = state.get("budget_reached_at_step")
         self._flop_points_done = {value for value in self.at_flops if value <= self.flops}
+        self.clock.load_state_dict(state.get("train_clock") or {})
+        self._time_points_done = {value for value in self.at_train_seconds if value <= self.train_seconds}
         self.load_points_state(state)
 
 
@@ -197,6 +252,18 @@ def _check_flop_points(values: list) -> list[float]:
         if later <= earlier:
             raise ValueError(f"at_flops: {values!r} is out of order; give increasing FLOP counts, each once.")
     return [float(v) for v in values]
+
+
+def _check_train_time(train_time, max_flops) -> TrainTime:
+    """`train_time` as a `TrainTime`; its budget and a FLOP budget exclude each other."""
+    if train_time is None:
+        return TrainTime()
+    if not isinstance(train_time, TrainTime):
+        raise ValueError(f"train_time: {train_time!r} is not a TrainTime(max_seconds=..., at_seconds=[...]).")
+    if train_time.max_seconds is not None and max_flops is not None:
+        raise ValueError(f"train_time: a budget of {train_time.max_seconds:g} training seconds and max_flops="
+                         f"{max_flops:.4g} were both given; a run has one budget, FLOPs or training time.")
+    return train_time
 
 
 def heads_alive(model) -> int:

@@ -147,6 +147,9 @@ class PruningCurveCallback(ScheduledCallback):
         self.curves = {int(k): v for k, v in state.get("curves", {}).items()}
         self.load_points_state(state)
 
+    def is_measurement(self, point: Point, kind: str) -> bool:
+        return True  # a curve sweep measures the model; training goes on as without it
+
     def act(self, point: Point, kind: str, state, model=None, train_dataloader=None, **kwargs):
         step, epoch = int(state.global_step), float(state.epoch or 0)
         rng = RngState.capture()

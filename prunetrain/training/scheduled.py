@@ -5,7 +5,9 @@ Points given as epochs (fractional allowed) or global steps are planned on steps
 epoch (time cap, or `max_steps` mid-epoch) still gets `on_epoch_end` from the Trainer: that is recorded as an "end"
 point at the exact step and fractional epoch, never as the whole epoch it did not finish. Points the run cannot reach
 are listed when training starts and again at the end (`schedule_<name>.json`), never moved and never dropped silently.
-Every record is keyed by its global step, so no point can overwrite another's.
+Every record is keyed by its global step, so no point can overwrite another's. A point that only measures
+(`is_measurement`) is bracketed by `measuring()`, so the training clock leaves its time out
+(`prunetrain.training.training_clock`).
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import math
 
 from prunetrain.training.base import PrunetrainCallback
 from prunetrain.training.points import Plan, Point, describe, is_whole_epoch, label
+from prunetrain.training.training_clock import measuring
 
 
 class ScheduledCallback(PrunetrainCallback):
@@ -57,12 +60,18 @@ class ScheduledCallback(PrunetrainCallback):
         epoch = float(state.epoch or 0)
         self.done[point.step] = {"step": point.step, "epoch": epoch, "label": label(point.step, epoch), "kind": kind,
                                  "given": point.spec}
-        self.act(point, kind, state, **kwargs)
-        self._write_json(f"schedule_{self.name}.json", self.plan_record())
-        self._flush()
+        with measuring(self.is_measurement(point, kind)):
+            self.act(point, kind, state, **kwargs)
+            self._write_json(f"schedule_{self.name}.json", self.plan_record())
+            self._flush()
 
     def act(self, point: Point, kind: str, state, **kwargs) -> None:  # pragma: no cover - abstract
         raise NotImplementedError
+
+    def is_measurement(self, point: Point, kind: str) -> bool:
+        """Whether acting at `point` only measures the model (left out of the training clock) rather than doing
+        the training method's work (counted). Subclasses that measure override it."""
+        return False
 
     def on_step_end(self, args, state, control, **kwargs):
         point = self.plan.due(state)
