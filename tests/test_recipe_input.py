@@ -152,6 +152,9 @@ def test_a_resume_checks_the_data_it_trains_on(tmp_path, multi30k_dir):
     with pytest.raises(ValueError, match=r"the valid data .* \(50 pairs then, 49 now"):
         prepare_output_dir(out, recipe, resume=True, overwrite=False,
                            data=data_record(recipe, [pairs[0], pairs[1][:49], pairs[2]]))
+    more = {"test_2017_flickr": read_parallel(multi30k_dir, "test_2017_flickr", limit=50)}  # a set added since
+    with pytest.raises(ValueError, match=r"the test_2017_flickr data .* \(not read when the run started, recorded"):
+        prepare_output_dir(out, recipe, resume=True, overwrite=False, data=data_record(recipe, [*pairs, more]))
     assert tree(out) == before  # the record is never rewritten
 
 
@@ -186,7 +189,8 @@ def test_a_finished_run_records_what_it_read_and_refuses_resume(smoke_recipe_run
     assert json.loads((out / "results.json").read_text())["recipe"]["data"]["dir"] == str(multi30k_dir)
     limit = recipe.data.train_limit or None
     read = [read_parallel(multi30k_dir, "train", limit=limit), read_parallel(multi30k_dir, "valid"),
-            read_parallel(multi30k_dir, recipe.data.test_split)]
+            read_parallel(multi30k_dir, recipe.data.test_split),
+            {name: read_parallel(multi30k_dir, name) for name in recipe.eval.more_test_splits}]
     assert json.loads((out / "data_record.json").read_text()) == data_record(recipe, read)
     copy = Path(shutil.copytree(out, tmp_path / "finished"))
     before = tree(copy)
@@ -531,12 +535,13 @@ def test_a_resume_refuses_a_replaced_tokenizer(monkeypatch, capsys, tmp_path, mu
     from prunetrain.mt.preflight import write_tokenizer_record
     from prunetrain.mt.recipe import load_recipe
     from prunetrain.mt.run_dir import prepare_output_dir
+    from prunetrain.mt.eval_sets import load_test_sets
     from prunetrain.mt.run_record import data_record, with_data_dir
 
     recipe = with_data_dir(load_recipe("wmt-small-deen", _smoke_overrides("wmt-small-deen")), multi30k_dir)
     limit = recipe.data.train_limit
     pairs = [read_parallel(multi30k_dir, "train", limit=limit), read_parallel(multi30k_dir, "valid"),
-             read_parallel(multi30k_dir, "test")]
+             read_parallel(multi30k_dir, "test"), load_test_sets(recipe)]
     out = tmp_path / "run"
     prepare_output_dir(out, recipe, resume=False, overwrite=False, data=data_record(recipe, pairs))
     train_tokenizer(pairs[0], vocab_size=recipe.data.vocab_size, path=out / "tokenizer")

@@ -120,7 +120,8 @@ def check_data_record(out_dir: str | os.PathLike, record: dict) -> str | None:
     for name, now in record["splits"].items():
         before = stored_splits.get(name)
         if before != now:
-            what = (f"{before.get('pairs')} pairs then, {now['pairs']} now" if isinstance(before, dict)
+            what = ("not read when the run started" if before is None else
+                    f"{before.get('pairs')} pairs then, {now['pairs']} now" if isinstance(before, dict)
                     and before.get("pairs") != now["pairs"] else "the same number of pairs but other text")
             source = record.get("dir") or record.get("hf_dataset")
             raise ValueError(f"--resume: the {name} data read now ({source}) differs from what the run in "
