@@ -8,7 +8,6 @@ importance points that prune nothing, checkpoint writes), and check the clock's 
 from __future__ import annotations
 
 import json
-import time
 
 import pytest
 from test_training_flops import _marian, tiny_mt  # noqa: F401 (tiny_mt: the fixture)
@@ -24,9 +23,41 @@ from prunetrain.training.metric_points import MetricPointsCallback
 from prunetrain.training.options import Importance, Schedule
 from prunetrain.training.training_clock import TrainTime, measuring
 
-COLLATE_SLEEP = 0.05  # seconds per batch: data loading the clock must count
-PRUNE_SLEEP = 0.4  # the importance pass of a pruning step: the method's work, counted
-MEASURE_SLEEP = 0.3  # a metric point or an importance point that prunes nothing: left out
+COLLATE_SLEEP = 0.0625  # seconds per batch: data loading the clock must count
+PRUNE_SLEEP = 0.375  # the importance pass of a pruning step: the method's work, counted
+MEASURE_SLEEP = 0.25  # a metric point or an importance point that prunes nothing: left out
+# (binary fractions: sums of them are exact in floating point, so the accounting is compared with ==)
+
+
+class _FakeTime:
+    """The clocks' time source in these tests: it advances only when the test's work "sleeps", so what the training
+    clock counts and leaves out is checked exactly, independent of how fast the machine runs the real work."""
+
+    def __init__(self):
+        self.now = 1000.0
+
+    def perf_counter(self) -> float:
+        return self.now
+
+    def time(self) -> float:
+        return self.now
+
+    def sleep(self, seconds: float) -> None:
+        self.now += seconds
+
+
+FAKE = _FakeTime()
+
+
+@pytest.fixture(autouse=True)
+def fake_time(monkeypatch):
+    """The training clock and the metric-points callback read `FAKE` instead of the machine's clock."""
+    import prunetrain.training.metric_points as metric_points
+    import prunetrain.training.training_clock as training_clock
+
+    monkeypatch.setattr(training_clock, "time", FAKE)
+    monkeypatch.setattr(metric_points, "time", FAKE)
+    return FAKE
 
 
 class _SlowCollator:
@@ -36,7 +67,7 @@ class _SlowCollator:
         self.collate, self.seconds = make_collator(tokenizer, model), seconds
 
     def __call__(self, features):
-        time.sleep(self.seconds)
+        FAKE.sleep(self.seconds)
         return self.collate(features)
 
 
@@ -53,38 +84,29 @@ def _trainer(output_dir, tiny_mt, model, callbacks, *, collate_sleep=COLLATE_SLE
 
 def _sleeping_metric(seconds: float):
     def metric(model):
-        time.sleep(seconds)
+        FAKE.sleep(seconds)
         return 1.0
     return metric
 
 
 def _sleeping_scorer(model, batches, **options):
-    time.sleep(PRUNE_SLEEP)
+    FAKE.sleep(PRUNE_SLEEP)
     return pt.random_scores(model, seed=0)
 
 
 class _Watch(TrainerCallback):
-    """Registered right after the clock: the clock's value after every step, the learning rates, and the wall time
-    from the first step's begin to the last step's end (everything the clock could have counted)."""
+    """Registered right after the clock: the clock's value after every step and the learning rates."""
 
     def __init__(self, clock):
-        self.clock, self.rows, self.first_begin, self.last_end = clock, [], None, None
-
-    def on_step_begin(self, args, state, control, **kwargs):
-        self.first_begin = self.first_begin or time.perf_counter()
+        self.clock, self.rows = clock, []
 
     def on_step_end(self, args, state, control, optimizer=None, lr_scheduler=None, **kwargs):
-        self.last_end = time.perf_counter()
         scheduled = lr_scheduler.base_lrs[0] * lr_scheduler.lr_lambdas[0](lr_scheduler.last_epoch)
         inner = self.clock.clock
         self.rows.append({"step": state.global_step, "seconds": self.clock.train_seconds,
                           "step_seconds": self.clock.step_seconds, "scheduled": scheduled,
                           "measured": inner.measured_seconds, "io": inner.trainer_io_seconds,
                           "settled_at": inner.settled_at})
-
-    @property
-    def wall(self) -> float:
-        return self.last_end - self.first_begin
 
 
 class _Rates(TrainerCallback):
@@ -104,7 +126,7 @@ class _SlowSave(TrainerCallback):
         self.seconds, self.saves = seconds, 0
 
     def on_save(self, args, state, control, **kwargs):
-        time.sleep(self.seconds)
+        FAKE.sleep(self.seconds)
         self.saves += 1
 
 
@@ -121,9 +143,9 @@ class _BudgetAfterFirstStep(TrainerCallback):
 
 
 def test_the_time_budget_stops_training_and_the_cooldown_reaches_zero_there(tmp_path, tiny_mt):
-    """Every step after the first costs at least the collator's sleep, so a budget of the first step plus 12 sleeps
-    ends the 32-step run early, at the first step whose clock reaches it; the rate of every step is the schedule times
-    c(x) of the clock's seconds, and c is 0 where the budget ends."""
+    """Every step after the first costs the collator's sleep (the first batch, fetched before the first step, is not
+    counted), so a budget of the first step plus 12 sleeps ends the 32-step run at step 13, the first step whose clock
+    reaches it; the rate of every step is the schedule times c(x) of the clock's seconds, and c is 0 there."""
     share = 0.5
     clock = MetricPointsCallback(lambda m: 0.0, record_end=False, train_time=TrainTime(max_seconds=1e9))
     watch, later = _Watch(clock), _BudgetAfterFirstStep(clock, 12 * COLLATE_SLEEP)
@@ -134,8 +156,8 @@ def test_the_time_budget_stops_training_and_the_cooldown_reaches_zero_there(tmp_
     trainer.train()
     seconds, budget = [row["seconds"] for row in watch.rows], later.budget
     step = trainer.state.global_step
-    assert clock.budget_reached_at_step == step and 2 <= step <= 13  # from step 2 on, each step fetched a batch
-    assert seconds[-1] >= budget > seconds[-2] and all(b > a for a, b in zip(seconds, seconds[1:]))
+    assert clock.budget_reached_at_step == step == 13  # from step 2 on, each step fetched a batch
+    assert seconds == [s * COLLATE_SLEEP for s in range(13)] and budget == 12 * COLLATE_SLEEP
     assert clock.state_dict()["budget_reached_at_step"] == step
     factors = [cooldown_factor(x, budget, share) for x in seconds]
     for row, factor in zip(watch.rows, factors):
@@ -161,23 +183,24 @@ def test_measurements_and_checkpoint_writes_are_left_out_while_data_and_pruning_
     assert [r["step"] for r in clock.records] == metric_steps and [e["step"] for e in pruning.events] == [6]
     assert slow_save.saves == 3  # steps 3, 6 and the last one
     inner = clock.clock
-    left_out = len(metric_steps) * MEASURE_SLEEP + PRUNE_SLEEP  # the metric points and the importance-only point
-    assert inner.measured_seconds >= left_out
-    assert inner.trainer_io_seconds >= slow_save.saves * MEASURE_SLEEP
-    counted = clock.step_seconds + (steps - 1) * COLLATE_SLEEP + PRUNE_SLEEP  # the pruning step's pass (step 7)
-    assert clock.train_seconds >= counted
-    assert clock.train_seconds <= watch.wall - left_out - 2 * MEASURE_SLEEP  # the saves at 3 and 6
+    # the importance-only point at step 3 fetches the importance batches (the slow collator: measurement too) and
+    # scores them; the pruning step at 6 reuses those batches, so only its scoring counts (at step 7)
+    fetch = pruning.num_batches * COLLATE_SLEEP
+    assert inner.measured_seconds == len(metric_steps) * MEASURE_SLEEP + PRUNE_SLEEP + fetch
+    assert inner.trainer_io_seconds == slow_save.saves * MEASURE_SLEEP
+    assert clock.train_seconds == (steps - 1) * COLLATE_SLEEP + PRUNE_SLEEP
     # step by step: work done after step s's end is accounted at step s + 1 (the metric at 2 → 3, the importance
     # point at 3 → 4, the pruning at 6 → 7, the saves at 3 and 6 → 4 and 7)
     rows = {row["step"]: row for row in watch.rows}
     grew = {s: {key: rows[s][key] - rows[s - 1][key] for key in ("seconds", "measured", "io", "settled_at")}
             for s in range(2, steps + 1)}
     for s, delta in grew.items():
-        assert delta["seconds"] == pytest.approx(delta["settled_at"] - delta["measured"] - delta["io"], abs=1e-9)
-        assert delta["seconds"] >= COLLATE_SLEEP  # every step after the first fetched its batch
-        assert (delta["measured"] >= MEASURE_SLEEP) if s in (3, 4, 6, 8) else (delta["measured"] == 0.0), s
-        assert (delta["io"] >= MEASURE_SLEEP) if s in (4, 7) else (delta["io"] == 0.0), s
-    assert grew[7]["seconds"] >= PRUNE_SLEEP + COLLATE_SLEEP  # the pruning step's importance pass counts
+        assert delta["seconds"] == delta["settled_at"] - delta["measured"] - delta["io"]
+        # every step after the first fetched its batch; the pruning step's importance pass counts at step 7
+        assert delta["seconds"] == COLLATE_SLEEP + (PRUNE_SLEEP if s == 7 else 0.0), s
+        assert delta["measured"] == {3: MEASURE_SLEEP, 4: PRUNE_SLEEP + fetch, 6: MEASURE_SLEEP,
+                                     8: MEASURE_SLEEP}.get(s, 0.0), s
+        assert delta["io"] == (MEASURE_SLEEP if s in (4, 7) else 0.0), s
     record = clock.records[1]
     assert record["train_seconds"] == rows[5]["seconds"] and record["step_seconds"] == rows[5]["step_seconds"]
 
@@ -214,13 +237,13 @@ def test_measuring_brackets_nest_and_count_once():
     before = measured_seconds()
     with measuring():
         with measuring():
-            time.sleep(0.05)
-        with measuring(False):
-            time.sleep(0.05)
+            FAKE.sleep(COLLATE_SLEEP)
+        with measuring(False):  # inside the outer bracket: still tallied, once
+            FAKE.sleep(COLLATE_SLEEP)
     inside = measured_seconds() - before
-    assert inside >= 0.1
+    assert inside == 2 * COLLATE_SLEEP
     with measuring(False):
-        time.sleep(0.05)
+        FAKE.sleep(COLLATE_SLEEP)
     assert measured_seconds() - before == inside  # outside any bracket nothing is tallied
 
 
@@ -238,21 +261,22 @@ def test_a_resumed_run_continues_the_clock_where_its_checkpoint_left_it(tmp_path
         trainer = _trainer(output_dir, tiny_mt, model, [clock, watch, pruning, clock.clock_end], max_steps=8,
                            save_strategy="steps", save_steps=4)
         trainer.train(resume_from_checkpoint=resume)
-        return clock, watch
+        return clock, watch, pruning
 
-    whole, whole_watch = run(tmp_path / "run")
+    whole, whole_watch, whole_pruning = run(tmp_path / "run")
     saved = json.loads((tmp_path / "run" / "checkpoint-4" / "prunetrain-metric-points.json").read_text())
     at_save = saved["train_clock"]["seconds"]
     step4 = whole_watch.rows[3]["seconds"]
-    assert at_save >= step4 + PRUNE_SLEEP  # the pruning work after step 4's clock reading, before the write
-    assert whole_watch.rows[4]["seconds"] >= at_save + COLLATE_SLEEP  # the uninterrupted run counted it at step 5
+    # the pruning work after step 4's clock reading, before the write: fetching the importance batches and scoring
+    assert at_save == step4 + whole_pruning.num_batches * COLLATE_SLEEP + PRUNE_SLEEP
+    assert whole_watch.rows[4]["seconds"] == at_save + COLLATE_SLEEP  # the uninterrupted run counted it at step 5
     assert [r["train_seconds_target"] for r in whole.records] == [0.1]
-    resumed, watch = run(tmp_path / "run", resume=str(tmp_path / "run" / "checkpoint-4"))
+    resumed, watch, _ = run(tmp_path / "run", resume=str(tmp_path / "run" / "checkpoint-4"))
     assert [row["step"] for row in watch.rows] == [5, 6, 7, 8]
-    first_step = watch.rows[0]["step_seconds"] - saved["step_seconds"]  # step 5's optimizer step
-    assert first_step > 0 and watch.rows[0]["seconds"] >= at_save + first_step  # counts on from the save
+    # counts on from the save; the batch fetched before the resumed session's first step is not counted
+    assert watch.rows[0]["seconds"] == at_save
     assert resumed.records == whole.records  # restored, and the point at 0.1 s not evaluated again
-    assert resumed.train_seconds >= at_save + resumed.step_seconds - saved["step_seconds"] + 3 * COLLATE_SLEEP
+    assert resumed.train_seconds == at_save + 3 * COLLATE_SLEEP == whole.train_seconds - COLLATE_SLEEP
 
 
 def test_the_recipe_takes_a_training_time_budget(tmp_path):
