@@ -34,6 +34,8 @@
 # train.max_flops=0, train.max_train_minutes=M, test BLEU at the same shares of it, the cooldown over its last share,
 # the wall-time guard train.max_minutes at 3·M + 30); kept as ARM[-cooldown]-timeMmin-sSEED, and a scratch arm takes
 # its architecture from the same kind of run. Run each alone on the machine: its length is the machine's speed.
+# MAX_MINUTES=M sets the wall-time guard (train.max_minutes, default the recipe's 60): a slower machine needs a
+# longer one to finish a run, which a guard that fires would cut (a resume may change it).
 # RESUME=1 continues an interrupted run of the arm (`prunetrain recipe --resume`; its minutes then count only the
 # resumed part).
 set -euo pipefail
@@ -53,6 +55,10 @@ if [ -n "${TIME_MINUTES:-}" ]; then
   budget=(--set train.max_flops=0 --set "train.max_train_minutes=$TIME_MINUTES" --set 'eval.test_flops=[]'
           --set 'eval.test_times=[0.2, 0.4, 0.6, 0.8, 0.9]' --set "train.max_minutes=$((3 * TIME_MINUTES + 30))")
   suffix="$suffix-time${TIME_MINUTES}min"
+fi
+if [ -n "${MAX_MINUTES:-}" ]; then
+  [[ "$MAX_MINUTES" =~ ^([1-9][0-9]*)$ ]] || fail "MAX_MINUTES '$MAX_MINUTES' is not a positive whole number of minutes"
+  budget+=(--set "train.max_minutes=$MAX_MINUTES")
 fi
 case "${RESUME:-0}" in 0|1) ;; *) fail "RESUME '${RESUME}' is not 0 or 1" ;; esac
 off=(--set 'pruning.schedule_steps={}' --set 'pruning.shrink_steps=[]')
@@ -81,12 +87,4 @@ sets+=(--set "train.cooldown=$cooldown" "${budget[@]}"); name="$name$suffix"
 out="checkpoints/study/$name-s$seed"
 resume=(); [ "${RESUME:-0}" = 1 ] && resume=(--resume)
 .venv/bin/prunetrain recipe wmt-small-deen --set "train.seed=$seed" "${sets[@]}" --output "$out" "${resume[@]}"
-keep="recipes/results/wmt-small-deen-study/$name-s$seed"
-mkdir -p "$keep"
-cp "$out/results.json" "$out/report.md" "$out/test_translations.json" "$keep/"
-# every set's translations (validation and the three test sets): re-scoring or a paired test needs no model
-[ -d "$out/final_translations" ] && cp -r "$out/final_translations" "$keep/"
-for model in pruned full; do
-  [ -f "$out/$model/prunetrain_layout.json" ] && cp "$out/$model/prunetrain_layout.json" "$keep/layout.json"
-done
-echo "kept in $keep"
+bash scripts/keep_run.sh "$out" "recipes/results/wmt-small-deen-study/$name-s$seed"

@@ -85,11 +85,42 @@ def run_cli(*args, cwd=None, timeout=900, env=None):
                           cwd=cwd or REPO, env=env, timeout=timeout)
 
 
+def run_cli_once(tmp_path_factory, name: str, *args):
+    """`run_cli(*args, "--output", <dir>)` once for the whole test run, also when pytest-xdist spreads the suite over
+    worker processes (they share the parent of their base temporary directories): the first worker to ask runs it
+    under a file lock and records the outcome; the others wait for it and read the same directory and outcome.
+    Returns (output directory, completed process)."""
+    import json
+    import subprocess
+
+    from filelock import FileLock
+
+    shared = tmp_path_factory.getbasetemp()
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        shared = shared.parent  # the session's directory, above every worker's own
+    out, record = shared / f"once-{name}" / "run", shared / f"once-{name}.json"
+    with FileLock(str(shared / f"once-{name}.lock")):
+        if not record.is_file():
+            done = run_cli(*args, "--output", out)
+            record.write_text(json.dumps({"returncode": done.returncode, "stdout": done.stdout,
+                                          "stderr": done.stderr}))
+    outcome = json.loads(record.read_text())
+    return out, subprocess.CompletedProcess(args, outcome["returncode"], outcome["stdout"], outcome["stderr"])
+
+
 @pytest.fixture(scope="session")
 def smoke_recipe_run(tmp_path_factory, multi30k_dir):
-    """`prunetrain recipe wmt-small-deen --smoke` run once per session: (run directory, completed process)."""
-    out = tmp_path_factory.mktemp("smoke-recipe") / "smoke"
-    return out, run_cli("recipe", "wmt-small-deen", "--smoke", "--data-dir", multi30k_dir, "--output", out)
+    """`prunetrain recipe wmt-small-deen --smoke` run once per test run: (run directory, completed process)."""
+    return run_cli_once(tmp_path_factory, "smoke-recipe", "recipe", "wmt-small-deen", "--smoke", "--data-dir",
+                        multi30k_dir)
+
+
+@pytest.fixture(scope="session")
+def full_smoke_run(multi30k_dir, tmp_path_factory):
+    """The smoke preset with pruning off, run once per test run (a trained full model in `full/`): the source of the
+    l0 sweep and the starting model of the compress recipe. Returns (run directory, completed process)."""
+    return run_cli_once(tmp_path_factory, "smoke-full", "recipe", "wmt-small-deen", "--smoke", "--set",
+                        "pruning.schedule_steps={}", "--set", "pruning.shrink_steps=[]", "--data-dir", multi30k_dir)
 
 
 def pytest_terminal_summary(terminalreporter):

@@ -459,3 +459,28 @@ def test_the_parallel_text_commands_say_so_in_their_help(monkeypatch, capsys, co
     assert code == 0
     text = " ".join(out.split())
     assert "Parallel text only (translation models)" in text and "Python API" in text
+
+
+def test_resume_fills_keys_added_since_and_lets_the_time_guard_change(tmp_path):
+    """A run started before a recipe key existed resumes (the key counts with its default, which is what the run was
+    trained with); a non-default value of that key is still a different recipe; the wall-time guard may change."""
+    import yaml
+
+    from prunetrain.mt.recipe import load_recipe
+    from prunetrain.mt.run_dir import prepare_output_dir
+
+    recipe = load_recipe("wmt-small-deen", ["train.epochs=3"])
+    out = tmp_path / "run"
+    prepare_output_dir(out, recipe, resume=False, overwrite=False)
+    stored = yaml.safe_load((out / "recipe.yaml").read_text())
+    del stored["distill"], stored["model"]["init_from"]  # as written before these keys existed
+    (out / "recipe.yaml").write_text(yaml.safe_dump(stored, sort_keys=False))
+    (out / "checkpoint-7").mkdir()
+    before = tree(out)
+    prepare_output_dir(out, recipe, resume=True, overwrite=False)
+    prepare_output_dir(out, load_recipe("wmt-small-deen", ["train.epochs=3", "train.max_minutes=150"]), resume=True,
+                       overwrite=False)
+    with pytest.raises(ValueError, match=r"--resume: the recipe differs .* in distill.temperature; "):
+        prepare_output_dir(out, load_recipe("wmt-small-deen", ["train.epochs=3", "distill.temperature=3"]),
+                           resume=True, overwrite=False)
+    assert tree(out) == before

@@ -69,6 +69,46 @@ def test_the_trained_loss_is_the_combined_loss(tiny_mt):
     assert callback.last == pytest.approx({"kl": float(kl), "cross_entropy": float(ce)}, rel=1e-5)
 
 
+def test_a_trainer_that_takes_the_labels_gets_the_combined_loss_through_loss_func_or_an_error(tmp_path, tiny_mt):
+    """With label smoothing the Trainer calls the model without labels and computes the loss itself: through
+    `loss_func(LabelSmoother(ε))` it trains on (1 − α)·smoothed CE + α·T²·KL, the same as a model whose own loss
+    is that smoothed CE would; without it the first step raises instead of training without distillation."""
+    from transformers.trainer_pt_utils import LabelSmoother
+
+    teacher = _marian(tiny_mt[1], seed=1).eval()
+    smoothing = LabelSmoother(epsilon=0.1)
+    batch = _batches(tiny_mt, _marian(tiny_mt[1]))[0]
+    student = _marian(tiny_mt[1]).train()
+    callback = DistillationCallback(teacher, alpha=0.4, temperature=2.0)
+    callback._task, callback._autocast = "seq2seq", ("cpu", None)
+    callback._wrap(student)
+    labels = batch["labels"]
+    outputs = student(**{k: v for k, v in batch.items() if k != "labels"})
+    assert outputs.loss is None and callback._pending is not None
+    combined = callback.loss_func(smoothing)(outputs, labels)
+    assert callback._pending is None
+    with torch.no_grad():
+        teacher_logits = teacher(**batch).logits
+    keep = labels != -100
+    kl = _manual_kl(outputs.logits.detach()[keep], teacher_logits[keep], 2.0) / int(keep.sum())
+    expected = 0.6 * smoothing(outputs, labels) + 0.4 * kl
+    assert torch.allclose(combined, expected, rtol=1e-5), (combined, expected)
+    callback._unwrap()
+
+    trainer = _trainer(tmp_path / "smoothed", tiny_mt, _marian(tiny_mt[1]), [DistillationCallback(teacher, alpha=0.4)],
+                       epochs=1, max_steps=2, label_smoothing_factor=0.1)
+    with pytest.raises(ValueError, match=r"^DistillationCallback: the Trainer computed the loss outside the model "
+                                         r".* give the Trainer compute_loss_func=callback.loss_func\(base\)"):
+        trainer.train()
+    distill = DistillationCallback(teacher, alpha=0.4)
+    trainer = _trainer(tmp_path / "through", tiny_mt, _marian(tiny_mt[1]), [distill], epochs=1, max_steps=2,
+                       label_smoothing_factor=0.1, logging_steps=1)
+    trainer.compute_loss_func = distill.loss_func(smoothing)
+    trainer.train()
+    assert [e["distill/kl"] > 0 for e in trainer.state.log_history if "loss" in e] == [True, True]
+    assert distill.teacher_flops > 0
+
+
 def test_distilling_from_a_snapshot_through_mid_training_shrinks(tmp_path, tiny_mt):
     """teacher=None: a frozen copy of the student at the start; shrinks change the student, never the teacher;
     the two terms join the Trainer's logs."""

@@ -18,13 +18,13 @@ from test_training_flops import _batches, _marian, _pruning, _trainer, tiny_mt  
 STEPS, SAVE_EVERY = 10, 4  # pruning masks at steps 3 and 6 and shrinks at 6: checkpoint-4 is masked, -8 shrunk
 
 
-def _run(tmp_path, tiny_mt, make_callback, resume=None):
+def _run(tmp_path, tiny_mt, make_callback, resume=None, bf16=False):
     student = _marian(tiny_mt[1])
     if resume:
         restore_layout(student, resume)
     callback = make_callback()
     trainer = _trainer(tmp_path, tiny_mt, student, [_pruning(), callback], epochs=1, max_steps=STEPS,
-                       save_strategy="steps", save_steps=SAVE_EVERY, logging_steps=1)
+                       save_strategy="steps", save_steps=SAVE_EVERY, logging_steps=1, bf16=bf16)
     trainer.train(resume_from_checkpoint=resume)
     losses = {e["step"]: (e["loss"], e["distill/kl"]) for e in trainer.state.log_history if "loss" in e}
     return student, callback, losses
@@ -36,20 +36,22 @@ def _same_weights(a, b):
         assert torch.equal(a[name], b[name]), name
 
 
-@pytest.mark.parametrize("hidden_weight", [0.0, 0.5])
+@pytest.mark.parametrize("hidden_weight, bf16", [(0.0, False), (0.5, False), (0.0, True)])
 def test_a_snapshot_teacher_is_saved_and_a_resumed_run_equals_the_uninterrupted_one(tmp_path, tiny_mt,
-                                                                                     hidden_weight):
+                                                                                     hidden_weight, bf16):
     """Resumed from a masked checkpoint (step 4) and a shrunk one (step 8), the run's losses, KL terms and final
-    weights are those of the uninterrupted run, and the teacher is the unpruned student as it began."""
+    weights are those of the uninterrupted run, and the teacher is the unpruned student as it began. Under bf16
+    autocast too: the copy taken at the start and the one restored from a checkpoint run in the same precision."""
     start = copy.deepcopy(_marian(tiny_mt[1]).state_dict())
 
     def make():
         return DistillationCallback(alpha=0.5, temperature=2.0, hidden_weight=hidden_weight)
 
-    whole, whole_callback, whole_losses = _run(tmp_path, tiny_mt, make)
+    whole, whole_callback, whole_losses = _run(tmp_path, tiny_mt, make, bf16=bf16)
     assert (tmp_path / "checkpoint-8" / "prunetrain-distillation.safetensors").is_file()
     for step in (8, 4):  # the later first: resuming from step 4 writes checkpoint-8 again
-        resumed, callback, losses = _run(tmp_path, tiny_mt, make, resume=str(tmp_path / f"checkpoint-{step}"))
+        resumed, callback, losses = _run(tmp_path, tiny_mt, make, resume=str(tmp_path / f"checkpoint-{step}"),
+                                         bf16=bf16)
         assert sorted(losses) == list(range(1, STEPS + 1))  # the checkpoint's log history, then the resumed steps
         assert losses == whole_losses, step
         _same_weights(whole.state_dict(), resumed.state_dict())

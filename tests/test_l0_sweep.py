@@ -23,14 +23,6 @@ def _one_line_error(result, pattern):
 
 
 @pytest.fixture(scope="module")
-def full_smoke_run(multi30k_dir, tmp_path_factory):
-    """The sweep's source: the smoke preset with pruning off (a converged full model in `full/`)."""
-    source = tmp_path_factory.mktemp("smoke-full") / "smoke"
-    return source, run_cli("recipe", "wmt-small-deen", "--smoke", "--set", "pruning.schedule_steps={}", "--set",
-                           "pruning.shrink_steps=[]", "--data-dir", multi30k_dir, "--output", source)
-
-
-@pytest.fixture(scope="module")
 def sweep_run(full_smoke_run, multi30k_dir, tmp_path_factory):
     source, made = full_smoke_run
     assert made.returncode == 0, made.stderr[-3000:]

@@ -160,10 +160,10 @@ def test_a_budget_defined_study_end_to_end(tmp_path, multi30k_dir):
         assert heading in markdown
 
 
-def _study_script(tmp_path):
-    """scripts/payoff_study.sh in a scratch tree whose `.venv/bin/prunetrain` records its arguments and writes the
-    files the script keeps (the script runs from its tree's root): run(args, env) -> (exit code, stderr, the
-    recipe command's arguments or None, the kept directories)."""
+def _study_script(tmp_path, script="payoff_study.sh", study="wmt-small-deen-study"):
+    """scripts/SCRIPT (with scripts/keep_run.sh) in a scratch tree whose `.venv/bin/prunetrain` records its arguments
+    and writes the files a finished run has (the script runs from its tree's root): run(args, env) -> (exit code,
+    stderr, the recipe command's arguments or None, the kept directories of STUDY)."""
     import os
     import shutil
     import subprocess
@@ -171,20 +171,21 @@ def _study_script(tmp_path):
 
     root = tmp_path / "tree"
     (root / "scripts").mkdir(parents=True)
-    shutil.copy(Path(__file__).resolve().parents[1] / "scripts" / "payoff_study.sh", root / "scripts")
+    for name in (script, "keep_run.sh"):
+        shutil.copy(Path(__file__).resolve().parents[1] / "scripts" / name, root / "scripts")
     fake = root / ".venv" / "bin" / "prunetrain"
     fake.parent.mkdir(parents=True)
     fake.write_text('#!/usr/bin/env bash\nprintf "%s\\n" "$@" > args.txt\nout=${@: -1}; [ "$out" = --resume ] && '
                     'out=${@: -2:1}\nmkdir -p "$out/pruned"\nfor f in results.json report.md test_translations.json '
-                    'pruned/prunetrain_layout.json; do echo {} > "$out/$f"; done\n')
+                    'run_complete.json pruned/prunetrain_layout.json; do echo {} > "$out/$f"; done\n')
     fake.chmod(0o755)
 
     def run(args, env=None):
         (root / "args.txt").unlink(missing_ok=True)
-        done = subprocess.run(["bash", "scripts/payoff_study.sh", *args], cwd=root, capture_output=True, text=True,
+        done = subprocess.run(["bash", f"scripts/{script}", *args], cwd=root, capture_output=True, text=True,
                               env={**os.environ, **(env or {})})
         recorded = (root / "args.txt").read_text().splitlines() if (root / "args.txt").is_file() else None
-        kept = root / "recipes" / "results" / "wmt-small-deen-study"
+        kept = root / "recipes" / "results" / study
         return done.returncode, done.stderr, recorded, sorted(p.name for p in kept.iterdir()) if kept.is_dir() else []
 
     return run
@@ -201,6 +202,8 @@ def test_payoff_study_names_a_run_without_cooldown_as_such_and_refuses_extra_arg
     assert kept == ["off-cooldown-s1", "off-s1"]
     code, err, args, _ = run(["off", "1"], {"RESUME": "1"})
     assert code == 0 and args[-2:] == ["checkpoints/study/off-s1", "--resume"], err
+    code, err, args, _ = run(["off", "1"], {"MAX_MINUTES": "150"})  # a slower machine's guard
+    assert code == 0 and "train.max_minutes=150" in args, err
     for argv, env, message in [
         (["off", "1", "extra"], {}, "usage: payoff_study.sh ARM SEED (got 3 arguments: off 1 extra)"),
         (["off"], {}, "usage: payoff_study.sh ARM SEED (got 1 arguments: off)"),
@@ -208,6 +211,7 @@ def test_payoff_study_names_a_run_without_cooldown_as_such_and_refuses_extra_arg
         (["off", "1"], {"COOLDOWN": "none"}, "COOLDOWN 'none' is not a share of the FLOP budget"),
         (["off", "1"], {"COOLDOWN": "-0.2"}, "COOLDOWN '-0.2' is not a share of the FLOP budget"),
         (["off", "1"], {"RESUME": "yes"}, "RESUME 'yes' is not 0 or 1"),
+        (["off", "1"], {"MAX_MINUTES": "1.5"}, "MAX_MINUTES '1.5' is not a positive whole number of minutes"),
         (["sideways", "1"], {}, "unknown arm 'sideways'"),
     ]:
         code, err, args, _ = run(argv, env)
@@ -239,3 +243,41 @@ def test_payoff_study_runs_an_arm_for_a_training_time_budget_and_keeps_every_set
     for bad in ("0", "1.5", "x"):
         code, err, args, _ = run(["off", "1"], {"TIME_MINUTES": bad})
         assert (code, args) == (2, None) and err.startswith(f"payoff_study.sh: TIME_MINUTES '{bad}' is not"), err
+
+
+def test_compress_study_runs_each_arm_from_the_seeds_full_model(tmp_path):
+    """scripts/compress_study.sh: every arm starts from the payoff study's full model of its seed (or START), the
+    scratch arm trains the distill arm's architecture from a fresh initialisation with that model as the teacher;
+    bad arguments are one line, exit 2, before anything runs."""
+    run = _study_script(tmp_path, "compress_study.sh", "wmt-small-deen-compress-study")
+    start = tmp_path / "tree" / "checkpoints" / "study" / "off-cooldown-s3"
+    start.mkdir(parents=True)
+    expected = {"distill": [], "plain": ["distill.alpha=0"],
+                "at-once-distill": ["pruning.schedule_steps={30: 0.75}", "pruning.shrink_steps=[30]"],
+                "at-once": ["pruning.schedule_steps={30: 0.75}", "distill.alpha=0"]}
+    for arm, settings in expected.items():
+        code, err, args, kept = run([arm, "3"])
+        assert code == 0, err
+        assert args[:2] == ["recipe", "wmt-small-deen-compress"] and args[-1] == f"checkpoints/compress/{arm}-s3"
+        assert "model.init_from=checkpoints/study/off-cooldown-s3" in args and "train.seed=3" in args, args
+        assert all(setting in args for setting in settings), (arm, args)
+        assert (arm == "plain" or arm == "at-once") == ("distill.alpha=0" in args)
+    code, err, args, kept = run(["scratch-distill", "3"], {"MAX_MINUTES": "90"})
+    assert code == 0, err
+    for setting in ("model.init_from=", "distill.teacher=checkpoints/study/off-cooldown-s3", "train.max_minutes=90",
+                    "pruning.init_layout=recipes/results/wmt-small-deen-compress-study/distill-s3/layout.json",
+                    "pruning.schedule_steps={}", "train.learning_rate=0.0007"):
+        assert setting in args, (setting, args)
+    assert kept == ["at-once-distill-s3", "at-once-s3", "distill-s3", "plain-s3", "scratch-distill-s3"]
+    code, err, args, _ = run(["distill", "4"])
+    assert (code, args) == (2, None) and err.startswith("compress_study.sh: START 'checkpoints/study/off-cooldown-s4' "
+                                                        "is not a directory; train the starting model first"), err
+    code, err, args, _ = run(["distill", "4"], {"START": str(start)})
+    assert code == 0 and f"model.init_from={start}" in args, err
+    for argv, env, message in [(["sideways", "3"], {}, "unknown arm 'sideways'"),
+                               (["distill"], {}, "usage: compress_study.sh ARM SEED (got 1 arguments: distill)"),
+                               (["distill", "03"], {}, "SEED '03' is not a non-negative integer"),
+                               (["distill", "3"], {"RESUME": "2"}, "RESUME '2' is not 0 or 1")]:
+        code, err, args, _ = run(argv, env)
+        assert (code, args) == (2, None) and err.strip() == err.strip().splitlines()[0], (argv, err)
+        assert err.startswith(f"compress_study.sh: {message}"), err

@@ -84,3 +84,31 @@ def test_one_process_trains_as_before(monkeypatch):
     monkeypatch.delenv("WORLD_SIZE", raising=False)
     assert ranks.trainer_settings(0.1) == ({}, None)  # no split batches, the Trainer's own loss
     assert ranks.on_main(lambda: 7) == 7 and ranks.is_main() and ranks.end_training()
+
+
+@pytest.mark.slow
+@pytest.mark.distributed
+def test_compressing_with_distillation_under_torchrun_ends_as_one_process(tmp_path, multi30k_dir, full_smoke_run):
+    """The compress recipe under DDP: every rank starts from the trained model and distils from its own replica of
+    the frozen copy (the teacher is replicated, not sharded); the run ends with the single process's losses (the
+    distillation's combined loss), heads, translations and teacher FLOPs (summed over the ranks)."""
+    source, made = full_smoke_run
+    assert made.returncode == 0, made.stderr[-3000:]
+    compress = ("recipe", "wmt-small-deen-compress", "--smoke", "--set", f"model.init_from={source}", "--set",
+                "model.dropout=0", "--set", "train.precision=fp32", "--set", "eval.bench=false",
+                "--data-dir", multi30k_dir)
+    single, sharded = tmp_path / "single", tmp_path / "torchrun"
+    one = run_cli(*compress, "--output", single)
+    assert one.returncode == 0, one.stderr[-3000:]
+    two = _torchrun_cli(*compress, "--output", sharded)
+    assert two.returncode == 0, two.stderr[-4000:]
+    a, b = (json.loads((out / "results.json").read_text()) for out in (single, sharded))
+    assert b["kept_per_kind"] == a["kept_per_kind"] and b["heads_kept"] == a["heads_kept"] == 12
+    assert [b["test_pruned"][k] for k in ("bleu", "bleu_detail", "chrf")] == [
+        a["test_pruned"][k] for k in ("bleu", "bleu_detail", "chrf")]
+    # every rank's teacher saw its half of each global batch, padded to the half's longest sentence: summed over the
+    # ranks, at most the single process's count (padded to the whole batch's longest)
+    teacher_a, teacher_b = a["distillation"]["teacher_forward_flops"], b["distillation"]["teacher_forward_flops"]
+    assert 0 < teacher_b <= teacher_a
+    for (step_a, loss_a), (step_b, loss_b) in zip(_losses(single), _losses(sharded), strict=True):
+        assert step_a == step_b and abs(loss_a - loss_b) <= 1e-4 * abs(loss_a), (step_a, loss_a, loss_b)

@@ -244,7 +244,10 @@ def _copy_extras(source: Path, out: Path) -> None:
             if write_failure(err, out) is not None:  # the export's disk, not the source, failed
                 raise
             first = err.args[0][0] if isinstance(err, shutil.Error) and err.args and err.args[0] else None
-            why = f"{first[0]}: {first[2]}" if first else (err.strerror or type(err).__name__)
+            why = err.strerror or type(err).__name__
+            if first:  # the failing file named inside the source folder, so its reason is never cut off
+                name = os.path.relpath(first[0], item)
+                why = f"{name}: {str(first[2]).replace(str(first[0]), name)}"
             raise ValueError(f"source: {str(item)!r} could not be copied into the export ({str(why)[:200]}).") \
                 from None
 

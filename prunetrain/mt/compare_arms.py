@@ -93,6 +93,8 @@ def summarize_arm(name: str, runs: list[dict]) -> dict:
             "valid_chrf": mean_sd([v.get("chrf") for v in valid]), "heads": mean_sd([r["heads_kept"] for r in runs]),
             "parameters": mean_sd([r.get("parameters_final") for r in runs]),
             "train_flops": mean_sd([r.get("train_flops") for r in runs]),
+            # distillation: the teacher's forward FLOPs, apart from the training FLOPs (equal student FLOPs)
+            "teacher_flops": mean_sd([(r.get("distillation") or {}).get("teacher_forward_flops") for r in runs]),
             "steps": mean_sd([r.get("steps") for r in runs]),
             "train_step_minutes": mean_sd([r.get("train_step_minutes") for r in runs]),
             # a resumed run's whole-run minutes cover only its resumed part: left out of the mean
@@ -169,17 +171,23 @@ def arms_markdown(comparison: dict) -> list[str]:
     from prunetrain.mt.compare_seeds import selection_markdown, test_sets_markdown
 
     scale, unit = flops_scale([a["train_flops"]["mean"] for a in comparison["arms"]])
+    teachers = any((a.get("teacher_flops") or {}).get("n") for a in comparison["arms"])
     lines = ["## Arms (runs sharing a name are seeds; mean ± sd over seeds)", "",
              f"| arm | seeds | test BLEU | chrF | validation BLEU | heads | parameters (M) | training FLOPs ({unit}) | "
-             "steps | training min (steps only) | whole run min |", "|---|---|---|---|---|---|---|---|---|---|---|"]
+             + (f"teacher FLOPs ({unit}, forward, apart) | " if teachers else "") +
+             "steps | training min (steps only) | whole run min |", "|" + "---|" * (12 if teachers else 11)]
     for a in comparison["arms"]:
+        teacher_cell = ""
+        if teachers:
+            teacher = a.get("teacher_flops") or mean_sd([])
+            teacher_cell = (fmt_stat(teacher, 3, scale) if teacher["n"] else "no teacher") + " | "
         valid = a.get("valid_bleu") or mean_sd([])
         valid_cell = (fmt_stat(valid) + (f" ({valid['n']} of {len(a['seeds'])} runs)"
                                          if valid["n"] < len(a["seeds"]) else "")) if valid["n"] else "not recorded"
         lines.append(f"| {cell(a['arm'])} | {', '.join(map(str, a['seeds']))} | {fmt_stat(a['bleu'])} | "
                      f"{fmt_stat(a['chrf'])} | {valid_cell} | "
                      f"{fmt_stat(a['heads'], 0)} | {fmt_stat(a['parameters'], 2, 1e6)} | "
-                     f"{fmt_stat(a['train_flops'], 3, scale)} | {fmt_stat(a['steps'], 0)} | "
+                     f"{fmt_stat(a['train_flops'], 3, scale)} | {teacher_cell}{fmt_stat(a['steps'], 0)} | "
                      f"{fmt_stat(a['train_step_minutes'], 1)} | {fmt_stat(a['total_minutes'], 1)}"
                      + (f" ({a['total_minutes']['n']} of {len(a['seeds'])} runs; resumed runs left out)"
                         if a["total_minutes"]["n"] < len(a["seeds"]) else "") + " |")

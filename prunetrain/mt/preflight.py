@@ -32,10 +32,16 @@ TOKENIZER_RECORD = "tokenizer_record.json"
 # ---------------------------------------------------------------------------------------------------------------------
 def check_initial_architecture(recipe) -> None:
     """Refuse what `apply_initial_architecture` would refuse, on a model of the recipe's layers and heads one unit
-    wide (site names and head counts do not depend on the widths); nothing without `init_layout`/`init_heads`."""
+    wide (site names and head counts do not depend on the widths); nothing without `init_layout`/`init_heads`.
+    A starting model (`model.init_from`) and a given teacher (`distill.teacher`) must be trained model directories
+    with one tokenizer (their configs are checked once the run has its tokenizer: `runner.check_trained_models`)."""
     if getattr(recipe, "kind", "") != "translation":
         return
     p, m = recipe.pruning, recipe.model
+    if m.init_from or recipe.distill.teacher:  # the trained models a run starts or distils from, and their tokenizer
+        from prunetrain.mt.starting import run_tokenizer_dir
+
+        run_tokenizer_dir(recipe)
     if not (p.init_layout or p.init_heads):
         return
     import torch

@@ -20,9 +20,9 @@ import yaml
 
 from prunetrain.mt.recipe_budget import check_budgets
 from prunetrain.mt.recipe_yaml import build_dataclass, load_override_value, load_recipe_mapping
-from prunetrain.mt.run_checks import check_seed, check_static_limits
+from prunetrain.mt.run_checks import check_static_limits
 from prunetrain.training.points import check_epoch_points, check_step_points
-from prunetrain.utils.validate import check_bool, check_choice, check_fraction, check_int, check_positive_float
+from prunetrain.utils.validate import check_bool, check_choice, check_fraction, check_int
 
 RECIPES_DIR = Path(__file__).resolve().parent / "recipes"  # shipped as package data
 KINDS = ("encoder_self", "decoder_self", "cross")  # the attention kinds of the recipes' Marian model
@@ -99,6 +99,9 @@ class ModelConfig:
     ffn_dim: int = 1024
     dropout: float = 0.1
     attn_implementation: str = "eager"  # eager + bf16 autocast trained fastest on a 2-core AVX512-BF16 CPU
+    init_from: str = ""  # start from a trained model instead of a fresh initialisation: a finished run directory
+    # (its full/) or a saved model directory, with every head and this section's sizes; its tokenizer is the run's
+    # (data.vocab_size is then not used). Pruning during continued training compresses it (prunetrain.mt.starting)
 
     def __post_init__(self):
         for key in ("layers", "heads", "d_model", "ffn_dim"):
@@ -286,6 +289,27 @@ class EvalConfig:
 
 
 @dataclass
+class DistillConfig:
+    """Distillation from an unpruned teacher while the model is pruned (`prunetrain.training.distillation`):
+    L = (1 − α)·CE + α·T²·KL(p_T^teacher ‖ p_T^student) + β·Σ_l MSE(h_s^l, h_t^l)."""
+
+    alpha: float = 0.0  # α, the soft term's weight (0 with hidden_weight 0: no distillation)
+    temperature: float = 2.0  # T
+    hidden_weight: float = 0.0  # β: per-layer hidden-state matching (CoFi), 0: off
+    teacher: str = ""  # "": a frozen copy of the model the run starts from (model.init_from) taken before the first
+    # step; or a finished run directory (its full/) or saved model directory with the run's tokenizer
+
+    def __post_init__(self):
+        _check_number("distill.alpha", self.alpha, 0.0, 1.0)
+        _check_number("distill.temperature", self.temperature, 0.0, low_open=True)
+        _check_number("distill.hidden_weight", self.hidden_weight, 0.0)
+
+    @property
+    def enabled(self) -> bool:
+        return self.alpha > 0 or self.hidden_weight > 0
+
+
+@dataclass
 class Recipe:
     """A translation recipe (kind "translation"): train, record importance and curves, prune, shrink, benchmark."""
 
@@ -297,10 +321,12 @@ class Recipe:
     train: TrainConfig = field(default_factory=TrainConfig)
     pruning: PruningConfig = field(default_factory=PruningConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
+    distill: DistillConfig = field(default_factory=DistillConfig)
 
     def __post_init__(self):
         _check_header(self, "translation")
         p, m = self.pruning, self.model
+        self._check_start()
         if p.min_heads_per_layer > m.heads:
             raise ValueError(f"pruning.min_heads_per_layer: {p.min_heads_per_layer} is more than model.heads="
                              f"{m.heads}.")
@@ -336,6 +362,22 @@ class Recipe:
         self._check_reachable("pruning.schedule", list(p.schedule.values()))
         self._check_reachable("pruning.schedule_steps", list(p.schedule_steps.values()))
         check_static_limits(self)  # what the run needs of this machine: seed range, attention backend, memory
+
+    def _check_start(self) -> None:
+        """What the run starts from and distils from: one starting model (a trained one, a recorded architecture or
+        random heads), and a teacher that is not the fresh initialisation."""
+        p, m, d = self.pruning, self.model, self.distill
+        if m.init_from and (p.init_layout or p.init_heads):
+            other = "pruning.init_layout" if p.init_layout else "pruning.init_heads"
+            raise ValueError(f"model.init_from: {m.init_from!r} starts from a trained model, {other} from a fresh "
+                             f"smaller one; set one of them.")
+        if d.enabled and not (m.init_from or d.teacher):
+            raise ValueError(f"distill.alpha: {d.alpha!r} (hidden_weight {d.hidden_weight!r}) distils from a copy of "
+                             f"the starting model, but without model.init_from that is a fresh initialisation, which "
+                             f"teaches nothing; give model.init_from=<trained run> or distill.teacher=<trained run>.")
+        if d.teacher and not d.enabled:
+            raise ValueError(f"distill.teacher: {d.teacher!r} is given but distill.alpha and distill.hidden_weight "
+                             f"are 0, so nothing is distilled; set distill.alpha (e.g. 0.5) or leave the teacher out.")
 
     def _check_kept_per_kind(self) -> None:
         """kept_per_kind splits the schedule's final amount between the kinds: every kind named, the counts within
@@ -489,105 +531,15 @@ def apply_override(data: dict, override: str) -> None:
 
 
 def recipe_to_yaml(recipe) -> str:
-    return yaml.safe_dump(recipe.to_dict(), sort_keys=False, allow_unicode=True)
+    return yaml.safe_dump(recipe.to_dict(), sort_keys=False, allow_unicode=True, width=2**31 - 1)  # no folded paths
 
 
-# ---------------------------------------------------------------------------------------------------------------------
-# kind "l0-sweep": Hard-Concrete gate sweeps from a converged model (Voita et al. 2019 §6)
-# ---------------------------------------------------------------------------------------------------------------------
-@dataclass
-class GateTrainConfig:
-    steps: int = 150  # fine-tuning steps per gate run (from the converged model)
-    batch_size: int = 64
-    learning_rate: float = 1e-4  # model weights (constant); the gates have their own Adam
-    gate_lr: float = 0.1
-    lagrangian_lr: float = 0.05
-    init_log_alpha: float = 3.0
-    label_smoothing: float = 0.1
-    precision: str = "auto"
-    seed: int = 0
-    logging_steps: int = 10  # heads alive per kind are traced (JSON, TensorBoard) at this interval
-
-    def __post_init__(self):
-        for key, minimum in (("steps", 1), ("batch_size", 1), ("seed", 0), ("logging_steps", 1)):
-            check_int(f"train.{key}", getattr(self, key), minimum)
-        check_seed("train.seed", self.seed)
-        _check_number("train.learning_rate", self.learning_rate, 0.0)  # 0: only the gates learn
-        check_positive_float("train.gate_lr", self.gate_lr)
-        check_positive_float("train.lagrangian_lr", self.lagrangian_lr)
-        _check_number("train.init_log_alpha", self.init_log_alpha, -math.inf)
-        _check_number("train.label_smoothing", self.label_smoothing, 0.0, 1.0, high_open=True)
-        check_choice("train.precision", self.precision, PRECISIONS)
-
-
-@dataclass
-class SweepConfig:
-    encoder_lambdas: list[float] = field(default_factory=lambda: [0.0, 0.003, 0.01, 0.03, 0.1])
-    all_lambdas: list[float] = field(default_factory=lambda: [0.003, 0.01, 0.03])  # gates on every kind
-    budgets: list[float] = field(default_factory=lambda: [0.25])  # Lagrangian head budgets (share of all heads)
-    importance_baseline: bool = True  # encoder heads pruned by Michel importance at the same counts (no training)
-    scratch: bool = True  # train the pruned head configuration from scratch (Voita Table 2)
-    scratch_run: str = "budget"  # which configuration: "budget" (first budget run) or "lambda:<value>"
-    scratch_steps: int = 0  # 0: as many steps as the source model was trained for
-    scratch_minutes: float = 0.0  # stop the from-scratch training after this long (0: no limit)
-
-    def __post_init__(self):
-        for key in ("encoder_lambdas", "all_lambdas"):
-            for value in getattr(self, key):
-                _check_number(f"sweep.{key}", value, 0.0)
-        for value in self.budgets:
-            _check_number("sweep.budgets", value, 0.0, 1.0, low_open=True)
-        check_int("sweep.scratch_steps", self.scratch_steps, 0)
-        _check_number("sweep.scratch_minutes", self.scratch_minutes, 0.0)
-        if not self.scratch:
-            return
-        if self.scratch_run == "budget":
-            if not self.budgets:
-                raise ValueError("sweep.scratch_run: 'budget' needs at least one entry in sweep.budgets.")
-            return
-        if not self.scratch_run.startswith("lambda:"):
-            raise ValueError(f"sweep.scratch_run: {self.scratch_run!r} is not 'budget' or 'lambda:<value>'.")
-        try:
-            wanted = float(self.scratch_run.split(":", 1)[1])
-        except ValueError:
-            raise ValueError(f"sweep.scratch_run: {self.scratch_run!r} does not name a number after 'lambda:'.") \
-                from None
-        if wanted not in self.all_lambdas:
-            raise ValueError(f"sweep.scratch_run: λ {wanted} is not in sweep.all_lambdas {self.all_lambdas}.")
-
-
-@dataclass
-class GateEvalConfig:
-    sentences: int = 500  # validation sentences scored after every run
-    batch_size: int = 100
-    num_beams: int = 1
-
-    def __post_init__(self):
-        for key in ("sentences", "batch_size", "num_beams"):
-            check_int(f"eval.{key}", getattr(self, key), 1)
-
-
-@dataclass
-class GateSweepRecipe:
-    """Hard-Concrete gate sweeps (kind "l0-sweep") on a converged translation model (Voita et al. 2019 §6)."""
-
-    kind: str = "l0-sweep"
-    name: str = "custom-l0"
-    description: str = ""
-    source: str = "checkpoints/wmt-small-deen-full"  # a finished translation run with pruning off (full/, recipe.yaml)
-    data: DataConfig = field(default_factory=DataConfig)
-    train: GateTrainConfig = field(default_factory=GateTrainConfig)
-    sweep: SweepConfig = field(default_factory=SweepConfig)
-    eval: GateEvalConfig = field(default_factory=GateEvalConfig)
-
-    def __post_init__(self):
-        _check_header(self, "l0-sweep")
-        if not self.source.strip():
-            raise ValueError("source: an empty string; give a finished translation run directory "
-                             "(e.g. source=checkpoints/wmt-small-deen-full).")
-
-    def to_dict(self) -> dict:
-        return dataclasses.asdict(self)
-
+# the l0-sweep kind lives in its own module, which reads this one's checks (imported last: no import cycle)
+from prunetrain.mt.recipe_l0 import GateEvalConfig, GateSweepRecipe, GateTrainConfig, SweepConfig  # noqa: E402
 
 RECIPE_KINDS = {"translation": Recipe, "l0-sweep": GateSweepRecipe}
+__all__ = ["DataConfig", "DistillConfig", "EvalConfig", "GateEvalConfig", "GateSweepRecipe", "GateTrainConfig",
+           "ModelConfig", "PruningConfig", "Recipe", "RECIPE_KINDS", "SweepConfig", "TrainConfig", "apply_override",
+           "available_recipes", "load_recipe", "original_heads_of", "recipe_class", "recipe_from_dict", "recipe_path",
+           "recipe_to_yaml"]
+

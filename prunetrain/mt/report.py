@@ -53,6 +53,29 @@ def _curve_table(run: Path) -> list[str]:
     return lines if len(lines) > 2 else ["(no curves were computed)"]
 
 
+def _distillation_lines(results: dict) -> list[str]:
+    """Where the run started (a trained model: `model.init_from`) and what it distilled from, with the teacher's
+    forward FLOPs beside the training FLOPs they are not part of."""
+    recipe, lines = results["recipe"], []
+    start = recipe.get("model", {}).get("init_from")
+    if start:
+        lines += [f"Started from the trained model `{start}` (every weight and its tokenizer), not from a fresh "
+                  f"initialisation.", ""]
+    distill = results.get("distillation")
+    if not distill:
+        return lines
+    beta = distill["hidden_weight"]
+    loss = "L = (1 − α)·CE + α·T²·KL(teacher ‖ student)" + (" + β·Σ_l MSE(hidden states)" if beta else "")
+    settings = f"α {distill['alpha']:g}, T {distill['temperature']:g}" + (f", β {beta:g}" if beta else "")
+    teacher, student = distill.get("teacher_forward_flops"), results.get("train_flops")
+    if teacher is None:
+        flops = "The teacher's FLOPs could not be counted from the batches' shapes."
+    else:
+        flops = f"The teacher's forward FLOPs: {teacher:.4g}, not part of the training FLOPs the budget counts"
+        flops += (f" (the student's: {student:.4g}; together {student + teacher:.4g})." if student else ".")
+    return lines + ["## Distillation", "", f"{loss}, {settings}; the teacher: {distill['teacher']}. {flops}", ""]
+
+
 def _definition(results: dict, cap: dict) -> str:
     """What defines the run's length: its FLOP budget (`train.max_flops`, and the step that reached it) when it has
     one, else its planned steps."""
@@ -150,6 +173,7 @@ def write_report(run: str | Path, results: dict) -> Path:
         "",
         *_points_lines(results),
         "",
+        *_distillation_lines(results),
         *_training_time_lines(run, results),
         "## Pruned-BLEU curves per point (validation subset, greedy; Michel et al. 2019 §6)",
         "",

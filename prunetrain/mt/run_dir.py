@@ -7,8 +7,10 @@ A run directory holds `recipe.yaml` (`RUN_MARKER`, written when the run starts) 
   resume, and its results stay as they were written);
 - an *unfinished* run with nothing to resume (no `checkpoint-*`, no finished sweep run) is replaced by a re-run;
 - an unfinished run with checkpoints is kept for `--resume` (or replaced with `--overwrite`);
-- `--resume` refuses a recipe that differs from the stored `recipe.yaml` (naming the keys) and data that differ from
-  the stored `data_record.json` (`prunetrain.mt.run_record`), and never rewrites either;
+- `--resume` refuses a recipe that differs from the stored `recipe.yaml` (naming the keys; keys added to recipes
+  since the run started count with their defaults, and the time-cap guard `train.max_minutes` may change: a slower
+  machine may need a longer one) and data that differ from the stored `data_record.json`
+  (`prunetrain.mt.run_record`), and never rewrites either;
 - a directory that holds other files (no `recipe.yaml`) is never deleted, not even with `--overwrite`, and the run
   directory is never one of the run's inputs, inside one or holding one (`prunetrain.utils.output_paths`);
 - replacing a run removes the old directory so that it is whole or gone at any signal.
@@ -48,10 +50,26 @@ def flatten(data: dict, prefix: str = "") -> dict[str, object]:
     return out
 
 
+# keys a resume may change: guards about the machine, not the run (the time cap stops a run gracefully and the
+# report says so; a slower machine may need a longer one to finish a run another machine started)
+RESUME_MAY_CHANGE = frozenset({"train.max_minutes"})
+
+
 def recipe_differences(stored: dict, wanted: dict) -> list[str]:
     """Recipe keys (`section.key`) whose values differ between two recipe mappings, sorted."""
     a, b = flatten(stored), flatten(wanted)
     return sorted(key for key in a.keys() | b.keys() if a.get(key, "<absent>") != b.get(key, "<absent>"))
+
+
+def _with_defaults(stored: dict) -> dict:
+    """A stored recipe mapping with the keys added since it was written filled in with their defaults (which is
+    what the run was trained with); as stored when it no longer validates (a key since removed or renamed)."""
+    from prunetrain.mt.recipe import recipe_from_dict
+
+    try:
+        return recipe_from_dict(stored).to_dict()
+    except (ValueError, TypeError):
+        return stored
 
 
 def stored_recipe(out_dir: str | Path, argument: str = "--resume") -> dict:
@@ -122,7 +140,8 @@ def _check_resume(out_dir: Path, recipe, holds_run: bool) -> None:
     """`--resume` continues an unfinished run of the same recipe, nothing else."""
     if not holds_run:
         raise ValueError(f"--resume: {str(out_dir)!r} holds no run to resume (no {RUN_MARKER}).")
-    differing = recipe_differences(stored_recipe(out_dir), recipe.to_dict())
+    differing = [key for key in recipe_differences(_with_defaults(stored_recipe(out_dir)), recipe.to_dict())
+                 if key not in RESUME_MAY_CHANGE]
     if differing:
         raise ValueError(f"--resume: the recipe differs from the one {str(out_dir)!r} was started with in "
                          f"{', '.join(differing)}; resume with the same recipe, or use --overwrite or another "

@@ -70,6 +70,11 @@ def recipe_inputs(recipe) -> dict[str, Path | None]:
     init_layout = getattr(getattr(recipe, "pruning", None), "init_layout", "")
     if init_layout:
         inputs["pruning.init_layout"] = Path(init_layout)
+    for key in ("model.init_from", "distill.teacher"):  # a trained model the run starts from or distils from
+        section, name = key.split(".")
+        path = getattr(getattr(recipe, section, None), name, "")
+        if path:
+            inputs[key] = Path(path)
     if getattr(recipe, "source", ""):
         inputs["source"] = Path(recipe.source)
     return inputs

@@ -26,13 +26,15 @@ from prunetrain.mt.data import load_tokenizer
 from prunetrain.mt.init_architecture import apply_initial_architecture
 from prunetrain.mt.preflight import check_flop_budget, check_initial_architecture, check_tokenizer_record, \
     merged_flop_points
-from prunetrain.mt.recipe import Recipe
+from prunetrain.mt.recipe import Recipe, original_heads_of
 from prunetrain.mt.eval_sets import load_test_sets, points_metric, score_final_sets, strip_translations, \
     write_final_translations, write_test_translations
 from prunetrain.mt.report import write_report
 from prunetrain.mt.run_checks import check_points_reachable
 from prunetrain.mt.run_dir import mark_complete, prepare_output_dir
 from prunetrain.mt.run_record import data_record, recipe_inputs, with_data_dir
+from prunetrain.mt.starting import check_trained_models, distillation_callback, distillation_record, \
+    distilled_loss, load_starting_model, run_tokenizer_dir
 from prunetrain.mt.training_setup import train_seq2seq, training_args
 from prunetrain.training.time_cap import TimeCapCallback
 from prunetrain.utils.files import read_json
@@ -141,10 +143,11 @@ def beyond_epochs(recipe: Recipe) -> dict[str, list[float]]:
     return {k: v for k, v in out.items() if v}
 
 
-def make_callbacks(recipe: Recipe, inputs: RunInputs) -> tuple[list, TimeCapCallback, object]:
-    """The training clock with test BLEU at `eval.test_steps` (first, so it times the steps alone), importance (and
-    scheduled pruning, or Hard-Concrete gates with `pruning.method: l0`) and pruned-BLEU curves at their points, and
-    the time cap (a guard). Returns (callbacks, time cap, clock)."""
+def make_callbacks(recipe: Recipe, inputs: RunInputs, model_config=None) -> tuple[list, TimeCapCallback, object]:
+    """The training clock with test BLEU at `eval.test_steps` (first, so it times the steps alone), distillation
+    (the `distill` section; `model_config`: the run's model config, which a given teacher must match), importance
+    (and scheduled pruning, or Hard-Concrete gates with `pruning.method: l0`) and pruned-BLEU curves at their
+    points, and the time cap (a guard). Returns (callbacks, time cap, clock)."""
     from prunetrain.mt.metrics import bleu_metric
     from prunetrain.training.callbacks import HardConcreteCallback, HeadPruningCallback, PruningCurveCallback, \
         budget_cooldown
@@ -174,7 +177,9 @@ def make_callbacks(recipe: Recipe, inputs: RunInputs) -> tuple[list, TimeCapCall
     importance = Importance(batches=inputs.importance_batches)
     schedule = Schedule(at_epochs=epochs, at_steps=p.importance_steps, prune=None if l0 else prune,
                         prune_steps=None if l0 else prune_steps, shrink_steps=() if l0 else p.shrink_steps)
-    callbacks = [clock, HeadPruningCallback(schedule, heads=heads, importance=importance, mode=p.mode)]
+    distill = distillation_callback(recipe, model_config) if recipe.distill.enabled else None
+    callbacks = [clock] + ([distill] if distill else [])  # the teacher is copied before any head is masked
+    callbacks.append(HeadPruningCallback(schedule, heads=heads, importance=importance, mode=p.mode))
     if l0:
         gates = GateTraining(gate_lr=p.l0_gate_lr, lagrangian_lr=p.l0_lagrangian_lr,
                              init_log_alpha=p.l0_init_log_alpha, seed=t.seed)
@@ -203,6 +208,7 @@ def train(recipe: Recipe, model, inputs: RunInputs, out_dir: Path, callbacks: li
 
     t = recipe.train
     distributed, loss = ranks.trainer_settings(t.label_smoothing)  # torchrun: train.batch_size is the global batch
+    loss = distilled_loss(callbacks, loss, t.label_smoothing)
     args = training_args(
         out_dir, **distributed, num_train_epochs=t.epochs, per_device_train_batch_size=t.batch_size,
         max_steps=t.max_steps or -1, learning_rate=t.learning_rate, warmup_steps=t.warmup_steps, lr_scheduler_type=t.scheduler,
@@ -221,15 +227,10 @@ def train(recipe: Recipe, model, inputs: RunInputs, out_dir: Path, callbacks: li
     return trained, (None if checkpoint is None else checkpoint_step(checkpoint))
 
 
-def original_heads(recipe: Recipe) -> int:
-    """Heads of the recipe's model before any pruning (3 attention kinds × layers × heads)."""
-    return 3 * recipe.model.layers * recipe.model.heads
-
-
 def trained_name(recipe: Recipe, heads: int) -> str:
     """How the model that training produced is called in logs and the report: "full model" only when it still
     has every head."""
-    total = original_heads(recipe)
+    total = original_heads_of(recipe.model)
     return "full model" if heads == total else f"trained model ({heads} of {total} heads, pruned during training)"
 
 
@@ -276,7 +277,7 @@ def benchmark(recipe: Recipe, tokenizer, pruned, out_dir: Path, bf16: bool, prog
     when training pruned it); None without `eval.bench` or when the final model has every head."""
     from prunetrain.engine.heads import find_heads
 
-    if not recipe.eval.bench or find_heads(pruned).total_heads == original_heads(recipe):
+    if not recipe.eval.bench or find_heads(pruned).total_heads == original_heads_of(recipe.model):
         return None
     from prunetrain.bench import benchmark as run_benchmark
 
@@ -299,7 +300,7 @@ def benchmark_ctranslate2(recipe: Recipe, tokenizer, pruned, sources: list[str],
     from prunetrain.engine.heads import find_heads
     from prunetrain.utils.extras import packages_missing
 
-    if not recipe.eval.bench or find_heads(pruned).total_heads == original_heads(recipe):
+    if not recipe.eval.bench or find_heads(pruned).total_heads == original_heads_of(recipe.model):
         return None
     missing = packages_missing("ctranslate2")
     if missing:
@@ -356,7 +357,7 @@ def _run_locked(recipe: Recipe, out_dir: Path, *, resume: bool, overwrite: bool,
     """`run_recipe` once the run directory is locked (by rank 0)."""
     pairs, tokenizer = start_run(recipe, out_dir, resume=resume, overwrite=overwrite, progress=progress)
     model, inputs, initial = set_up_model(recipe, tokenizer, pairs, out_dir=out_dir, progress=progress)
-    callbacks, time_cap, clock = make_callbacks(recipe, inputs)
+    callbacks, time_cap, clock = make_callbacks(recipe, inputs, model.config)
     train_start = time.time()
     model, resumed_from = train(recipe, model, inputs, out_dir, callbacks, resume=resume)
     if not ranks.end_training():
@@ -374,6 +375,8 @@ def _run_locked(recipe: Recipe, out_dir: Path, *, resume: bool, overwrite: bool,
     results["bench_ctranslate2"] = bench_ct2
     if inputs.precision is not None:
         results["precision_measured"] = inputs.precision
+    if recipe.distill.enabled:
+        results["distillation"] = distillation_record(recipe, out_dir)
     write_test_translations(out_dir, final["shrunk"])
     write_final_translations(out_dir, final["sets"])
     (out_dir / "results.json").write_text(json.dumps(results, indent=1))
@@ -418,7 +421,9 @@ def _prepare(recipe: Recipe, out_dir: Path, pairs, *, resume: bool, overwrite: b
         if notice:
             progress(notice)
         return D.load_tokenizer(tok_dir)
-    tokenizer = D.train_tokenizer(pairs[0], vocab_size=recipe.data.vocab_size)
+    given = run_tokenizer_dir(recipe)  # a trained starting model or teacher brings its own vocabulary
+    tokenizer = D.load_tokenizer(given) if given else D.train_tokenizer(pairs[0], vocab_size=recipe.data.vocab_size)
+    check_trained_models(recipe, tokenizer)
     check_flop_budget(recipe, tokenizer, pairs[0])
     prepare()
     save_run_tokenizer(tokenizer, out_dir)
@@ -464,6 +469,9 @@ def set_up_model(recipe: Recipe, tokenizer, pairs, *, out_dir: Path, progress: C
     """The model (with the recipe's initial architecture) and the run's inputs, with one progress line each;
     returns (model, inputs, initial)."""
     model = build_model(recipe, tokenizer)
+    if recipe.model.init_from:  # compress a trained model: its weights in the recipe's model
+        model = load_starting_model(recipe, model)
+        progress(f"starting model: {recipe.model.init_from} (trained weights, every head)")
     initial = apply_initial_architecture(recipe, model)  # the from-scratch baselines start smaller
     if initial:
         progress(f"initial architecture: {initial['heads']} heads {initial['per_kind']} from {initial['from']}, "
@@ -533,8 +541,8 @@ def collect_results(recipe: Recipe, out_dir: Path, training: TrainingOutcome, fi
         "test_flops_merged": merged_flop_points(recipe, clock) if recipe.train.max_flops else [],
         "initial_architecture": training.initial,
         "stopped_early_at_epoch": time_cap.stopped_at, "time_cap": time_cap.to_dict(),
-        "points": points_summary(out_dir, beyond_epochs(recipe)), "heads_original": original_heads(recipe),
-        "heads_trained": final["mask"].num_heads, "heads_total": original_heads(recipe),
+        "points": points_summary(out_dir, beyond_epochs(recipe)), "heads_original": original_heads_of(recipe.model),
+        "heads_trained": final["mask"].num_heads, "heads_total": original_heads_of(recipe.model),
         "heads_kept": final_layout.total_heads, "kept_per_kind": final_layout.heads_per_kind(),
         "parameters_final": final_parameters,
         "trained_name": trained_name(recipe, final["mask"].num_heads),
@@ -557,10 +565,10 @@ def save_final_models(recipe: Recipe, final: dict, tokenizer, out_dir: Path) -> 
     from prunetrain.mt.translation import save_translation_model
 
     saved = {}
-    if final["mask"].num_heads == original_heads(recipe):
+    if final["mask"].num_heads == original_heads_of(recipe.model):
         save_translation_model(final["model"], tokenizer, out_dir / "full", overwrite=True)
         saved["full"] = "full"
-    if find_heads(final["pruned"]).total_heads < original_heads(recipe):
+    if find_heads(final["pruned"]).total_heads < original_heads_of(recipe.model):
         save_translation_model(final["pruned"], tokenizer, out_dir / "pruned", overwrite=True)
         saved["pruned"] = "pruned"
     return saved

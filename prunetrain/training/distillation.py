@@ -17,8 +17,9 @@ student's `forward` (the module the Trainer, DDP or accelerate call), so the `lo
 the combined one; evaluation (the model in eval mode) sees the plain cross-entropy. The teacher is a frozen model
 given by the user, or — `teacher=None` — a frozen copy of the student taken when training begins (before any head is
 pruned; without the hooks others put on the student, refused while masks are attached). Mid-training shrinks change
-the student's shapes, never the teacher's. The teacher runs under `torch.no_grad()` in eval mode on the same inputs,
-replicated on every rank under DDP/FSDP2.
+the student's shapes, never the teacher's. The teacher runs under `torch.no_grad()` in eval mode on the same
+inputs, in the Trainer's mixed precision (bf16/fp16 autocast when `args.bf16`/`args.fp16`, whatever wrapper the
+student's forward has), replicated on every rank under DDP/FSDP2.
 
 The teacher's compute is counted apart from the student's: its forward FLOPs on every training batch, priced from
 the batch's shape by the same exact polynomial the training FLOP meter uses (`prunetrain.bench.step_flops`, fitted
@@ -45,6 +46,7 @@ an uninterrupted one. A given teacher is not saved: give it again, and a teacher
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import functools
 import math
@@ -132,7 +134,9 @@ def hidden_state_mse(student_outputs, teacher_outputs, inputs: dict, task: str,
 
 def frozen_copy(model: nn.Module) -> nn.Module:
     """A deep copy of `model` without the hooks others put on it (a FLOP meter's, a mask's: they would count or mask
-    the copy's forwards as the student's), refused while head masks are attached (a copy would share their values)."""
+    the copy's forwards as the student's) and without a forward others replaced (accelerate's mixed-precision
+    wrapper: the teacher's precision is the callback's, the same for a copy taken at the start and one restored on
+    resume), refused while head masks are attached (a copy would share their values)."""
     from prunetrain.engine.mask import attached_masks
 
     if attached_masks(model):
@@ -140,6 +144,8 @@ def frozen_copy(model: nn.Module) -> nn.Module:
                          "not be the unpruned model; give the teacher model explicitly (teacher=...).")
     teacher = copy.deepcopy(model)
     for module in teacher.modules():
+        for wrapped in ("forward", "_original_forward"):  # accelerate's autocast forward: the callback sets precision
+            module.__dict__.pop(wrapped, None)
         for hooks in ("_forward_pre_hooks", "_forward_hooks", "_backward_hooks", "_backward_pre_hooks"):
             getattr(module, hooks).clear()
         for kwargs_flags in ("_forward_pre_hooks_with_kwargs", "_forward_hooks_with_kwargs", "_forward_hooks_always_called"):
@@ -207,6 +213,8 @@ class DistillationCallback(PrunetrainCallback):
         self._teacher_fit = None
         self._student: nn.Module | None = None
         self._task: str | None = None
+        self._autocast: tuple[str, torch.dtype | None] = ("cpu", None)  # the teacher's (device type, half dtype)
+        self._pending = None  # (teacher outputs, inputs) of a forward whose loss the Trainer computes (loss_func)
 
     # -- Trainer events ------------------------------------------------------------------------------------------
     def on_train_begin(self, args, state, control, model=None, **kwargs):
@@ -222,6 +230,10 @@ class DistillationCallback(PrunetrainCallback):
             self._resume_teacher(student, Path(args.output_dir) / f"checkpoint-{state.global_step}")
         device = next(student.parameters()).device
         self.teacher.to(device).eval().requires_grad_(False)
+        # the teacher runs in the Trainer's mixed precision (autocast), whatever wrapper the student's forward has
+        half = torch.bfloat16 if getattr(args, "bf16", False) else torch.float16 if getattr(args, "fp16", False) \
+            else None
+        self._autocast = (device.type, half)
         if self._student is not student:
             self._wrap(student)
 
@@ -257,17 +269,53 @@ class DistillationCallback(PrunetrainCallback):
             matching = self.hidden_weight > 0 and student.training
             outputs = original(*args, **({**kwargs, "output_hidden_states": True} if matching else kwargs))
             loss = getattr(outputs, "loss", None)
-            if not student.training or loss is None or (self.alpha == 0.0 and not matching):
+            if not student.training or (self.alpha == 0.0 and not matching):
                 return outputs
-            with torch.no_grad():
+            self._check_consumed()
+            if loss is None and "labels" in kwargs:
+                return outputs  # a model that computes no loss of its own: nothing to combine with
+            device_type, half = self._autocast
+            precision = torch.autocast(device_type, dtype=half) if half is not None else contextlib.nullcontext()
+            with torch.no_grad(), precision:
                 teacher_outputs = self.teacher(*args, **({**kwargs, "output_hidden_states": True} if matching
                                                          else kwargs))
             self._count_teacher(kwargs)
+            if loss is None:  # the Trainer took the labels to compute the loss itself: `loss_func` combines it
+                self._pending = (teacher_outputs, kwargs)
+                return outputs
             outputs.loss = self._combined(loss, outputs, teacher_outputs, kwargs)
             return outputs
 
         student.forward = forward
         self._student = student
+
+    def loss_func(self, base):
+        """A `compute_loss_func` for a Trainer that computes the loss outside the model, where the model is called
+        without labels: label smoothing (`label_smoothing_factor` > 0: give `base=LabelSmoother(epsilon=ε)`) or a
+        loss of your own (e.g. normalised over every rank's tokens). `base(outputs, labels, num_items_in_batch=...)`
+        is the cross-entropy term; the teacher's terms, prepared by the student's forward, are combined with it
+        as the module doc says. Without it such a Trainer's first training step raises (distillation is never
+        silently off)."""
+        def compute(outputs, labels, num_items_in_batch=None):
+            loss = base(outputs, labels, num_items_in_batch=num_items_in_batch)
+            if self._pending is None:  # evaluation, or nothing distilled
+                return loss
+            (teacher_outputs, inputs), self._pending = self._pending, None
+            return self._combined(loss, outputs, teacher_outputs,
+                                  {**inputs, "labels": labels, "num_items_in_batch": num_items_in_batch})
+
+        return compute
+
+    def _check_consumed(self) -> None:
+        if self._pending is not None:
+            self._pending = None
+            raise ValueError("DistillationCallback: the Trainer computed the loss outside the model (it takes the "
+                             "labels for label_smoothing_factor > 0 or a compute_loss_func), so the distillation "
+                             "terms were never added; give the Trainer compute_loss_func=callback.loss_func(base) "
+                             "with base the loss it computes (e.g. LabelSmoother(epsilon=ε)).")
+
+    def on_step_end(self, args, state, control, **kwargs):
+        self._check_consumed()
 
     def _combined(self, loss: torch.Tensor, outputs, teacher_outputs, inputs: dict) -> torch.Tensor:
         """(1 − α)·CE + α·T²·KL (+ β·Σ_l MSE), each term normalised as the module doc says."""

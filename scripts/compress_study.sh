@@ -1,0 +1,53 @@
+#!/usr/bin/env bash
+# Compress a trained model: does distillation from the unpruned model pay while it is pruned? One run of the study
+# in recipes/wmt-small-deen-compress.md; every arm is `prunetrain recipe wmt-small-deen-compress` (one budget of
+# student FLOPs: train.max_flops, the teacher's forward FLOPs counted apart) with the settings below.
+#
+#   bash scripts/compress_study.sh ARM SEED        e.g. bash scripts/compress_study.sh distill 0
+#
+# The starting model of seed S is the payoff study's full model of seed S, the main recipe with pruning off and the
+# cooldown (`COOLDOWN=0.2 bash scripts/payoff_study.sh off S` → checkpoints/study/off-cooldown-sS); START=DIR names
+# another. The run directory is checkpoints/compress/ARM-sSEED (git-ignored); what the comparison needs is kept in
+# recipes/results/wmt-small-deen-compress-study/ARM-sSEED (scripts/keep_run.sh). Run one at a time on a quiet machine.
+# Arms:
+#   distill          the recipe as it is: 75 % of the heads pruned by importance in 12.5 % steps (30..180), with
+#                    distillation from a frozen copy of the starting model (α 0.5, T 2)
+#   plain            the same without distillation (α 0)
+#   at-once-distill  75 % of the heads pruned at once at step 30 and removed, then fine-tuned, with distillation
+#   at-once          the same without distillation
+#   scratch-distill  the distill arm's final architecture (same seed) freshly initialised and trained from scratch
+#                    with distillation from the same teacher, for the same student FLOPs and with the main recipe's
+#                    from-scratch optimiser settings (peak 7e-4, inverse square root, 400 warm-up steps)
+# MAX_MINUTES=M sets the wall-time guard train.max_minutes (a slower machine needs more); RESUME=1 continues an
+# interrupted run.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+fail() { echo "compress_study.sh: $*" >&2; exit 2; }
+[ $# -eq 2 ] || fail "usage: compress_study.sh ARM SEED (got $# arguments: $*)"
+arm=$1
+seed=$2
+[[ "$seed" =~ ^(0|[1-9][0-9]*)$ ]] || fail "SEED '$seed' is not a non-negative integer (written without leading zeros)"
+start=${START:-checkpoints/study/off-cooldown-s$seed}
+[ -d "$start" ] || fail "START '$start' is not a directory; train the starting model first (COOLDOWN=0.2 bash scripts/payoff_study.sh off $seed) or give START=DIR"
+sets=(--set "model.init_from=$start")
+at_once=(--set 'pruning.schedule_steps={30: 0.75}' --set 'pruning.shrink_steps=[30]')
+case "$arm" in
+  distill) ;;
+  plain) sets+=(--set distill.alpha=0) ;;
+  at-once-distill) sets+=("${at_once[@]}") ;;
+  at-once) sets+=("${at_once[@]}" --set distill.alpha=0) ;;
+  scratch-distill) sets=(--set model.init_from= --set "distill.teacher=$start"
+                         --set "pruning.init_layout=recipes/results/wmt-small-deen-compress-study/distill-s$seed/layout.json"
+                         --set 'pruning.schedule_steps={}' --set 'pruning.shrink_steps=[]' --set 'pruning.curve_steps=[]'
+                         --set train.learning_rate=0.0007 --set train.warmup_steps=400 --set train.scheduler=inverse_sqrt) ;;
+  *) fail "unknown arm '$arm' (distill, plain, at-once-distill, at-once, scratch-distill)" ;;
+esac
+if [ -n "${MAX_MINUTES:-}" ]; then
+  [[ "$MAX_MINUTES" =~ ^([1-9][0-9]*)$ ]] || fail "MAX_MINUTES '$MAX_MINUTES' is not a positive whole number of minutes"
+  sets+=(--set "train.max_minutes=$MAX_MINUTES")
+fi
+case "${RESUME:-0}" in 0|1) ;; *) fail "RESUME '${RESUME}' is not 0 or 1" ;; esac
+out="checkpoints/compress/$arm-s$seed"
+resume=(); [ "${RESUME:-0}" = 1 ] && resume=(--resume)
+.venv/bin/prunetrain recipe wmt-small-deen-compress --set "train.seed=$seed" "${sets[@]}" --output "$out" "${resume[@]}"
+bash scripts/keep_run.sh "$out" "recipes/results/wmt-small-deen-compress-study/$arm-s$seed"
