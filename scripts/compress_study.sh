@@ -22,11 +22,7 @@
 # interrupted run.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-fail() { echo "compress_study.sh: $*" >&2; exit 2; }
-[ $# -eq 2 ] || fail "usage: compress_study.sh ARM SEED (got $# arguments: $*)"
-arm=$1
-seed=$2
-[[ "$seed" =~ ^(0|[1-9][0-9]*)$ ]] || fail "SEED '$seed' is not a non-negative integer (written without leading zeros)"
+source scripts/study_args.sh compress_study.sh "$@"
 start=${START:-checkpoints/study/off-cooldown-s$seed}
 [ -d "$start" ] || fail "START '$start' is not a directory; train the starting model first (COOLDOWN=0.2 bash scripts/payoff_study.sh off $seed) or give START=DIR"
 sets=(--set "model.init_from=$start")

@@ -34,17 +34,16 @@
 # train.max_flops=0, train.max_train_minutes=M, test BLEU at the same shares of it, the cooldown over its last share,
 # the wall-time guard train.max_minutes at 3·M + 30); kept as ARM[-cooldown]-timeMmin-sSEED, and a scratch arm takes
 # its architecture from the same kind of run. Run each alone on the machine: its length is the machine's speed.
+# PRECISION=bf16|fp32|measure sets train.precision (default the recipe's auto: bf16 autocast where the hardware has
+# it); another than auto is kept as ARM[-cooldown][-timeMmin]-PRECISION-sSEED (an equal-time run on a machine where
+# fp32 steps faster than bf16: PRECISION=measure; the run records what it measured and chose).
 # MAX_MINUTES=M sets the wall-time guard (train.max_minutes, default the recipe's 60): a slower machine needs a
 # longer one to finish a run, which a guard that fires would cut (a resume may change it).
 # RESUME=1 continues an interrupted run of the arm (`prunetrain recipe --resume`; its minutes then count only the
 # resumed part).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-fail() { echo "payoff_study.sh: $*" >&2; exit 2; }
-[ $# -eq 2 ] || fail "usage: payoff_study.sh ARM SEED (got $# arguments: $*)"
-arm=$1
-seed=$2
-[[ "$seed" =~ ^(0|[1-9][0-9]*)$ ]] || fail "SEED '$seed' is not a non-negative integer (written without leading zeros)"
+source scripts/study_args.sh payoff_study.sh "$@"
 cooldown=${COOLDOWN:-0}
 [[ "$cooldown" =~ ^([0-9]+\.?[0-9]*|\.[0-9]+)$ ]] ||
   fail "COOLDOWN '$cooldown' is not a share of the FLOP budget (a number such as 0.2, or 0 for none)"
@@ -56,6 +55,12 @@ if [ -n "${TIME_MINUTES:-}" ]; then
           --set 'eval.test_times=[0.2, 0.4, 0.6, 0.8, 0.9]' --set "train.max_minutes=$((3 * TIME_MINUTES + 30))")
   suffix="$suffix-time${TIME_MINUTES}min"
 fi
+precision=${PRECISION:-auto}
+case "$precision" in
+  auto) ;;
+  bf16|fp32|measure) budget+=(--set "train.precision=$precision"); suffix="$suffix-$precision" ;;
+  *) fail "PRECISION '$precision' is not one of auto, bf16, fp32, measure" ;;
+esac
 if [ -n "${MAX_MINUTES:-}" ]; then
   [[ "$MAX_MINUTES" =~ ^([1-9][0-9]*)$ ]] || fail "MAX_MINUTES '$MAX_MINUTES' is not a positive whole number of minutes"
   budget+=(--set "train.max_minutes=$MAX_MINUTES")

@@ -171,7 +171,7 @@ def _study_script(tmp_path, script="payoff_study.sh", study="wmt-small-deen-stud
 
     root = tmp_path / "tree"
     (root / "scripts").mkdir(parents=True)
-    for name in (script, "keep_run.sh"):
+    for name in (script, "keep_run.sh", "study_args.sh"):
         shutil.copy(Path(__file__).resolve().parents[1] / "scripts" / name, root / "scripts")
     fake = root / ".venv" / "bin" / "prunetrain"
     fake.parent.mkdir(parents=True)
@@ -240,6 +240,14 @@ def test_payoff_study_runs_an_arm_for_a_training_time_budget_and_keeps_every_set
     assert code == 0 and args[-1] == "checkpoints/study/scratch-of-small-steps-cooldown-time15min-s0", err
     assert ("pruning.init_layout=recipes/results/wmt-small-deen-study/small-steps-cooldown-time15min-s0/layout.json"
             in args), args
+    code, err, args, kept = run(["off", "0"], {"COOLDOWN": "0.2", "TIME_MINUTES": "25", "PRECISION": "measure"})
+    assert code == 0 and args[-1] == "checkpoints/study/off-cooldown-time25min-measure-s0", err
+    assert "train.precision=measure" in args and "off-cooldown-time25min-measure-s0" in kept, args
+    code, err, args, _ = run(["off", "0"], {"PRECISION": "auto"})
+    assert code == 0 and args[-1] == "checkpoints/study/off-s0" and not any("precision" in a for a in args), args
+    code, err, args, _ = run(["off", "0"], {"PRECISION": "fp16"})
+    assert (code, args) == (2, None) and err.strip() == ("payoff_study.sh: PRECISION 'fp16' is not one of auto, "
+                                                         "bf16, fp32, measure"), err
     for bad in ("0", "1.5", "x"):
         code, err, args, _ = run(["off", "1"], {"TIME_MINUTES": bad})
         assert (code, args) == (2, None) and err.startswith(f"payoff_study.sh: TIME_MINUTES '{bad}' is not"), err

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 
 import pytest
+from fake_time import FakeTime, install
 from test_training_flops import _marian, tiny_mt  # noqa: F401 (tiny_mt: the fixture)
 from transformers import Seq2SeqTrainer, Seq2SeqTrainingArguments, TrainerCallback
 
@@ -29,35 +30,13 @@ MEASURE_SLEEP = 0.25  # a metric point or an importance point that prunes nothin
 # (binary fractions: sums of them are exact in floating point, so the accounting is compared with ==)
 
 
-class _FakeTime:
-    """The clocks' time source in these tests: it advances only when the test's work "sleeps", so what the training
-    clock counts and leaves out is checked exactly, independent of how fast the machine runs the real work."""
-
-    def __init__(self):
-        self.now = 1000.0
-
-    def perf_counter(self) -> float:
-        return self.now
-
-    def time(self) -> float:
-        return self.now
-
-    def sleep(self, seconds: float) -> None:
-        self.now += seconds
-
-
-FAKE = _FakeTime()
+FAKE = FakeTime()
 
 
 @pytest.fixture(autouse=True)
 def fake_time(monkeypatch):
     """The training clock and the metric-points callback read `FAKE` instead of the machine's clock."""
-    import prunetrain.training.metric_points as metric_points
-    import prunetrain.training.training_clock as training_clock
-
-    monkeypatch.setattr(training_clock, "time", FAKE)
-    monkeypatch.setattr(metric_points, "time", FAKE)
-    return FAKE
+    return install(FAKE, monkeypatch.setattr)
 
 
 class _SlowCollator:
@@ -323,30 +302,50 @@ def test_under_ddp_every_rank_sees_the_same_clock_and_stops_at_the_same_step(tmp
     ranks = [_result(tmp_path, rank) for rank in (0, 1)]
     assert ranks[0]["rows"] == ranks[1]["rows"] and ranks[0]["budget"] == ranks[1]["budget"]
     rows, budget = ranks[0]["rows"], ranks[0]["budget"]
-    assert ranks[0]["stopped_at"] == ranks[1]["stopped_at"] == ranks[0]["global_step"] == rows[-1]["step"] <= 13
-    assert rows[-1]["seconds"] >= budget > rows[-2]["seconds"] and rows[-1]["lr"] == 0.0
-    measured_before_last = [s for s in range(3, rows[-1]["step"]) if s % 3 == 0]  # each settled at the next step
-    assert ranks[0]["measured"] >= 0.1 * len(measured_before_last) and ranks[1]["measured"] == 0.0
+    sleep = 0.0625  # the script's collator sleep on rank 0 (rank 1: twice that); every rank's clock is fake
+    # each step after the first counts the smaller of the ranks' data times (rank 0's); rank 0's measurements count
+    # nowhere. Each rank's epoch is 8 steps, and the dataloader reads one batch ahead: the epoch's last step fetched
+    # nothing, the next epoch's first step fetched two batches
+    fetched = [0, *([1] * 6), 0, 2, 1, 1, 1, 1]  # batches fetched during each of steps 1..13
+    assert [row["seconds"] for row in rows] == [sum(fetched[:s + 1]) * sleep for s in range(13)]
+    assert budget == 12 * sleep
+    assert ranks[0]["stopped_at"] == ranks[1]["stopped_at"] == ranks[0]["global_step"] == rows[-1]["step"] == 13
+    assert rows[-1]["lr"] == 0.0 and all(row["lr"] > 0.0 for row in rows[:-1])
+    assert ranks[0]["measured"] == len([3, 6, 9, 12]) * 2 * sleep and ranks[1]["measured"] == 0.0
 
 
-def test_the_recipe_runs_for_a_training_time_budget(tmp_path, multi30k_dir):
-    """`prunetrain recipe --smoke` defined by `train.max_train_minutes` (FLOP budget off): training stops once the
-    training clock has spent the budget (not at the epochs' end), test BLEU is taken at `eval.test_times` shares of
-    it, and results.json records the clock and the budget."""
-    from conftest import run_cli
+def test_the_recipe_runs_for_a_training_time_budget(tmp_path, multi30k_dir, monkeypatch, capsys):
+    """`prunetrain recipe --smoke` defined by `train.max_train_minutes` (FLOP budget off), in this process with the
+    fake time source and a collator that sleeps 1/16 s per batch: training stops at the first step whose clock reaches
+    the budget (not at the epochs' end), test BLEU is taken at `eval.test_times` shares of it, and results.json
+    records the clock and the budget, exactly."""
+    import prunetrain.mt.data as data
+    from hostile import run_main
 
+    make_collator = data.make_collator
+
+    def slow_collator(*args, **kwargs):
+        collate = make_collator(*args, **kwargs)
+
+        def collate_slowly(features):
+            FAKE.sleep(COLLATE_SLEEP)
+            return collate(features)
+        return collate_slowly
+
+    monkeypatch.setattr(data, "make_collator", slow_collator)
     out = tmp_path / "run"
-    done = run_cli("recipe", "wmt-small-deen", "--smoke", "--data-dir", multi30k_dir, "--output", out,
-                   "--set", "train.max_steps=0", "--set", "train.epochs=100", "--set", "train.max_train_minutes=0.15",
-                   "--set", "train.cooldown=0.2", "--set", "eval.test_times=[0.5]", "--set", "eval.test_steps=[]",
-                   "--set", "pruning.importance_steps=[5]", "--set", "pruning.curve_steps=[]",
-                   "--set", "eval.bench=false")
-    assert done.returncode == 0, done.stderr[-3000:]
+    code, _, err = run_main(monkeypatch, capsys, "recipe", "wmt-small-deen", "--smoke", "--data-dir", multi30k_dir,
+                            "--output", out, "--set", "train.max_steps=0", "--set", "train.epochs=100",
+                            "--set", "train.max_train_minutes=0.15", "--set", "train.cooldown=0.2",
+                            "--set", "eval.test_times=[0.5]", "--set", "eval.test_steps=[]",
+                            "--set", "pruning.importance_steps=[5]", "--set", "pruning.curve_steps=[]",
+                            "--set", "eval.bench=false")
+    assert code == 0, err[-3000:]
     results = json.loads((out / "results.json").read_text())
-    assert results["max_train_seconds"] == pytest.approx(9.0)
-    assert results["train_seconds"] >= 9.0
-    assert results["budget_reached_at_step"] == results["steps"] < 100 * 20  # the budget ended it
+    # 9 s of training clock: every step after the first fetched one batch (1/16 s), so step 145 reaches it
+    assert results["max_train_seconds"] == 9.0 and results["train_seconds"] == 9.0
+    assert results["budget_reached_at_step"] == results["steps"] == 145
     assert results["flop_budget_reached_at_step"] is None
     (point,) = [r for r in results["bleu_over_training"] if r.get("train_seconds_target") is not None]
-    assert point["train_seconds_target"] == pytest.approx(4.5) and point["train_seconds"] >= 4.5
+    assert point["train_seconds_target"] == 4.5 and point["train_seconds"] == 4.5 and point["step"] == 73
     assert "min of training time" in (out / "report.md").read_text()

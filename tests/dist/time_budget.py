@@ -4,12 +4,15 @@ with the same learning rates and stop at the same step.
 
 python time_budget.py --out DIR --data DIR/multi30k (under `torchrun --nproc_per_node 2`); each rank writes
 `rank<r>_result.json` with its clock and learning rate after every step.
+
+Each rank's clock reads a fake time source (tests/fake_time.py) that advances only by this script's sleeps, so the
+test checks the accounting exactly: the machine's speed and the ranks' waits for each other add nothing.
 """
 
 import argparse
 import json
 import os
-import time
+import sys
 from pathlib import Path
 
 import torch
@@ -20,7 +23,11 @@ from prunetrain.training.cooldown import TrainTimeCooldownCallback
 from prunetrain.training.metric_points import MetricPointsCallback
 from prunetrain.training.training_clock import TrainTime, measuring
 
-SLEEP = 0.05
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/: the fake time source
+from fake_time import FakeTime, install  # noqa: E402
+
+SLEEP = 0.0625  # a binary fraction: sums of sleeps are exact, so the test compares clocks with ==
+FAKE = install(FakeTime())
 
 
 class SlowCollator:
@@ -28,7 +35,7 @@ class SlowCollator:
         self.collate, self.seconds = collate, seconds
 
     def __call__(self, features):
-        time.sleep(self.seconds)
+        FAKE.sleep(self.seconds)
         return self.collate(features)
 
 
@@ -46,7 +53,7 @@ class Watch(TrainerCallback):
             self.clock.train_time = TrainTime(max_seconds=self.budget)
         if self.rank == 0 and state.global_step % 3 == 0:
             with measuring():
-                time.sleep(2 * SLEEP)
+                FAKE.sleep(2 * SLEEP)
         self.rows.append({"step": state.global_step, "seconds": self.clock.train_seconds,
                           "lr": optimizer.param_groups[0]["lr"]})
 
