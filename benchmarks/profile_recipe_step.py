@@ -110,27 +110,33 @@ def profile_step(step: Step) -> dict[str, float]:
     return {k: v / wall for k, v in shares.items()}
 
 
+def recipe_model_and_batches(batch: int, num_batches: int):
+    """The recipe's model (random weights, eager attention) and `num_batches` real Multi30k batches of `batch`
+    sentences, length-grouped as the recipe's sampler makes them and spread over the range of lengths."""
+    from transformers import MarianMTModel
+
+    from prunetrain.mt.data import build_dataset, make_collator, marian_config, read_parallel, train_tokenizer
+
+    pairs = read_parallel(DATA, "train")
+    tokenizer = train_tokenizer(pairs, vocab_size=8000)
+    torch.manual_seed(0)
+    model = MarianMTModel(marian_config(tokenizer, attn_implementation="eager"))
+    dataset = build_dataset(pairs[: batch * num_batches * 8], tokenizer, max_length=128)
+    order = sorted(range(len(dataset)), key=lambda i: len(dataset[i]["input_ids"]))
+    chunks = [order[i:i + batch] for i in range(0, len(order) - batch + 1, batch)]
+    chunks = [chunks[round(k * (len(chunks) - 1) / max(1, num_batches - 1))] for k in range(num_batches)]
+    collate = make_collator(tokenizer, model)
+    return model, [collate([dataset[i] for i in chunk]) for chunk in chunks]
+
+
 def main() -> None:
     p = C.parser(__doc__.splitlines()[0], repeats=8)
     p.add_argument("--batch", type=int, default=64)
     p.add_argument("--num-batches", type=int, default=6)
     args = p.parse_args()
-    from transformers import MarianMTModel
-
-    from prunetrain.mt.data import build_dataset, make_collator, marian_config, read_parallel, train_tokenizer
-
     C.quiet_transformers()
     env = C.setup(args)
-    pairs = read_parallel(DATA, "train")
-    tokenizer = train_tokenizer(pairs, vocab_size=8000)
-    torch.manual_seed(0)
-    model = MarianMTModel(marian_config(tokenizer, attn_implementation="eager"))
-    dataset = build_dataset(pairs[: args.batch * args.num_batches * 8], tokenizer, max_length=128)
-    order = sorted(range(len(dataset)), key=lambda i: len(dataset[i]["input_ids"]))
-    chunks = [order[i:i + args.batch] for i in range(0, len(order) - args.batch + 1, args.batch)]
-    chunks = [chunks[round(k * (len(chunks) - 1) / max(1, args.num_batches - 1))] for k in range(args.num_batches)]
-    collate = make_collator(tokenizer, model)
-    batches = [collate([dataset[i] for i in chunk]) for chunk in chunks]
+    model, batches = recipe_model_and_batches(args.batch, args.num_batches)
     models = arms(model)
     flops = {name: count_flops(lambda m=m: m(**batches[0]).loss.backward()).total for name, m in models.items()}
     for m in models.values():

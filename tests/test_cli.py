@@ -178,6 +178,12 @@ def test_smoke_recipe_runs_end_to_end(smoke_recipe_run):
                     "Pruning during training", "Pruned-BLEU curves", "Speed: original vs shrunk"):
         assert f"## {heading}" in report, heading
     assert "| full |" not in report and (out / "figures" / "training.png").is_file()
+    first = results["step_rate"][0]["flops"] / results["step_rate"][0]["seconds"]
+    for g in results["step_rate"]:  # each stretch's FLOP rate against the first stretch's
+        rate = g["flops"] / g["seconds"]
+        assert (f"| {g['from_step']}–{g['to_step']} | {g['heads']} | {g['parameters'] / 1e6:.2f} M | "
+                f"{g['steps_per_second']:.3f} | {g['flops'] / g['steps']:.4g} | {rate:.3g}/s | {rate / first:.2f} |"
+                in report), g
     assert (out / "pruned" / "prunetrain_layout.json").is_file() and not (out / "full").exists()
     assert (out / "run_complete.json").is_file()  # written last: the run is finished
     assert (out / "pruned" / "tokenizer.json").is_file()

@@ -29,6 +29,7 @@ KINDS = ("encoder_self", "decoder_self", "cross")  # the attention kinds of the 
 PRECISIONS = ("auto", "bf16", "fp32")
 TRAIN_PRECISIONS = PRECISIONS + ("measure",)  # measure: the faster of bf16 and fp32 on this machine, timed first
 ATTN_IMPLEMENTATIONS = ("eager", "sdpa", "flex_attention", "flash_attention_2")
+MEASURED_ATTENTIONS = ("eager", "sdpa")  # model.attn_implementation=measure: the faster of these, timed first
 SCOPES = ("global", "layer", "kind")
 MODES = ("mask", "shrink")
 METHODS = ("importance", "l0")
@@ -98,7 +99,9 @@ class ModelConfig:
     d_model: int = 256  # sized for CPU; the paper-sized GPU setting is 512 / ffn 2048
     ffn_dim: int = 1024
     dropout: float = 0.1
-    attn_implementation: str = "eager"  # eager + bf16 autocast trained fastest on a 2-core AVX512-BF16 CPU
+    attn_implementation: str = "eager"  # eager + bf16 autocast trained fastest on a 2-core AVX512-BF16 CPU; measure:
+    # the faster of eager and sdpa on this machine, timed on a copy of the model before training (with
+    # train.precision=measure both are timed together; recorded in precision_record.json)
     init_from: str = ""  # start from a trained model instead of a fresh initialisation: a finished run directory
     # (its full/) or a saved model directory, with every head and this section's sizes; its tokenizer is the run's
     # (data.vocab_size is then not used). Pruning during continued training compresses it (prunetrain.mt.starting)
@@ -110,7 +113,12 @@ class ModelConfig:
             raise ValueError(f"model.d_model: {self.d_model} is not divisible by model.heads={self.heads}; every "
                              f"head needs the same width.")
         _check_number("model.dropout", self.dropout, 0.0, 1.0, high_open=True)
-        check_choice("model.attn_implementation", self.attn_implementation, ATTN_IMPLEMENTATIONS)
+        check_choice("model.attn_implementation", self.attn_implementation, ATTN_IMPLEMENTATIONS + ("measure",))
+
+    @property
+    def built_attention(self) -> str:
+        """The attention the model is built with (eager until a measured one is chosen)."""
+        return "eager" if self.attn_implementation == "measure" else self.attn_implementation
 
 
 @dataclass

@@ -242,6 +242,32 @@ def _final_sets_table(results: dict) -> list[str]:
     return lines + [""]
 
 
+def _stretch_lines(segments: list[dict]) -> list[str]:
+    """The step rate of every stretch between shrinks, and its FLOP rate against the first stretch's: a stretch that
+    computes for fewer heads at the full model's FLOPs per second would show 1.00 there (its FLOP-ideal speed-up);
+    what it shows below 1.00 is work that did not shrink with the heads (benchmarks/README.md k). Step times only:
+    pruning work and evaluations are outside them; the first stretch holds the run's first, slower step."""
+    def flop_rate(g):
+        return g["flops"] / g["seconds"] if g.get("flops") and g.get("seconds") else None
+
+    first = flop_rate(segments[0])
+    lines = ["## Training speed between shrinks", "",
+             f"FLOP rate: training FLOPs per second of step time, against steps {segments[0]['from_step']}–"
+             f"{segments[0]['to_step']}. A smaller model that kept the full model's FLOP rate would step faster by "
+             "the ratio of the FLOPs per step (its FLOP-ideal); the rate that falls below it is work that does not "
+             "shrink with the heads.", "",
+             "| steps | heads | parameters | steps/s | FLOPs per step | FLOP rate | vs the first |",
+             "|---|---|---|---|---|---|---|"]
+    for g in segments:
+        rate = "" if not g.get("steps_per_second") else f"{g['steps_per_second']:.3f}"
+        per_step = "" if g.get("flops") is None else f"{g['flops'] / g['steps']:.4g}"
+        flops_per_second = flop_rate(g)
+        relative = "" if flops_per_second is None or not first else f"{flops_per_second / first:.2f}"
+        lines.append(f"| {g['from_step']}–{g['to_step']} | {g['heads']} | {g['parameters'] / 1e6:.2f} M | {rate} | "
+                     f"{per_step} | {'' if flops_per_second is None else f'{flops_per_second:.3g}/s'} | {relative} |")
+    return lines + [""]
+
+
 def _training_time_lines(run: Path, results: dict) -> list[str]:
     """BLEU over training (test split, at eval.test_steps and the end) against training-step time, the step rate of
     every stretch between shrinks, and the heads per kind after each pruning event; figures beside them."""
@@ -266,14 +292,7 @@ def _training_time_lines(run: Path, results: dict) -> list[str]:
                          + f"{r['bleu']:.2f} | {r['step_seconds'] / 60:.1f} | {r['wall_seconds'] / 60:.1f} |")
         lines.append("")
     if segments:
-        lines += ["## Training speed between shrinks", "", "| steps | heads | parameters | steps/s | FLOPs per step |",
-                  "|---|---|---|---|---|"]
-        for g in segments:
-            rate = "" if not g.get("steps_per_second") else f"{g['steps_per_second']:.3f}"
-            per_step = "" if g.get("flops") is None else f"{g['flops'] / g['steps']:.4g}"
-            lines.append(f"| {g['from_step']}–{g['to_step']} | {g['heads']} | {g['parameters'] / 1e6:.2f} M | "
-                         f"{rate} | {per_step} |")
-        lines.append("")
+        lines += _stretch_lines(segments)
     if events:
         kinds = list(events[0]["per_kind_before"])
         lines += ["## Pruning during training", "", "| step | epoch | action | heads | " + " | ".join(kinds) + " |",

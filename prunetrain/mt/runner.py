@@ -26,7 +26,7 @@ from prunetrain.mt.data import load_tokenizer
 from prunetrain.mt.init_architecture import apply_initial_architecture
 from prunetrain.mt.preflight import check_flop_budget, check_initial_architecture, check_tokenizer_record, \
     merged_flop_points
-from prunetrain.mt.recipe import Recipe, original_heads_of
+from prunetrain.mt.recipe import MEASURED_ATTENTIONS, Recipe, original_heads_of
 from prunetrain.mt.eval_sets import load_test_sets, points_metric, score_final_sets, strip_translations, \
     write_final_translations, write_test_translations
 from prunetrain.mt.report import write_report
@@ -37,6 +37,7 @@ from prunetrain.mt.starting import check_trained_models, distillation_callback, 
     distilled_loss, load_starting_model, run_tokenizer_dir
 from prunetrain.mt.training_setup import train_seq2seq, training_args
 from prunetrain.training.time_cap import TimeCapCallback
+from prunetrain.utils.device import use_bf16
 from prunetrain.utils.files import read_json
 from prunetrain.utils.output_paths import output_lock
 
@@ -103,7 +104,6 @@ def save_run_tokenizer(tokenizer, out_dir: Path) -> None:
 def prepare_inputs(recipe: Recipe, tokenizer, model, pairs) -> RunInputs:
     """Tokenize the data and collate the fixed importance batches (decoder inputs built as the model does)."""
     from prunetrain.mt import data as D
-    from prunetrain.utils.device import use_bf16
 
     train_pairs, valid_pairs, test_pairs, more_tests = pairs
     p, ev, max_length = recipe.pruning, recipe.eval, recipe.data.max_length
@@ -129,7 +129,7 @@ def build_model(recipe: Recipe, tokenizer):
     m = recipe.model
     torch.manual_seed(recipe.train.seed)
     return MarianMTModel(marian_config(tokenizer, d_model=m.d_model, ffn_dim=m.ffn_dim, layers=m.layers,
-                                       heads=m.heads, dropout=m.dropout, attn_implementation=m.attn_implementation))
+                                       heads=m.heads, dropout=m.dropout, attn_implementation=m.built_attention))
 
 
 def beyond_epochs(recipe: Recipe) -> dict[str, list[float]]:
@@ -433,14 +433,21 @@ def _prepare(recipe: Recipe, out_dir: Path, pairs, *, resume: bool, overwrite: b
 PRECISION_RECORD = "precision_record.json"
 
 
-def measured_precision(recipe: Recipe, model, inputs: RunInputs, out_dir: Path,
-                       progress: Callable[[str], None]) -> RunInputs:
-    """`train.precision=measure`: the faster of bf16 autocast and fp32 on this machine, timed on a copy of the model
-    over the run's first training batches (`prunetrain.bench.precision`), recorded in `precision_record.json`; a
-    resumed run trains on in the precision it started with (the record), never measuring again."""
+def measures_settings(recipe: Recipe) -> bool:
+    """Whether the run times its precision and/or attention kernel before training (`measured_settings`)."""
+    return recipe.train.precision == "measure" or recipe.model.attn_implementation == "measure"
+
+
+def measured_settings(recipe: Recipe, model, inputs: RunInputs, out_dir: Path,
+                      progress: Callable[[str], None]) -> RunInputs:
+    """`train.precision=measure` (the faster of bf16 autocast and fp32 on this machine) and/or
+    `model.attn_implementation=measure` (the faster of eager and sdpa), timed together on a copy of the model over
+    the run's first training batches (`prunetrain.bench.precision.time_training`) and recorded in
+    `precision_record.json`; the model gets the chosen attention. A resumed run trains on with what it started with
+    (the record), never measuring again."""
     import dataclasses
 
-    from prunetrain.bench.precision import time_precisions
+    from prunetrain.bench.precision import time_training
     from prunetrain.mt import data as D
     from prunetrain.utils.files import read_json
 
@@ -450,18 +457,28 @@ def measured_precision(recipe: Recipe, model, inputs: RunInputs, out_dir: Path,
         if record.get("chosen") not in ("bf16", "fp32"):
             raise ValueError(f"--resume: {str(path)!r} names no precision ('bf16' or 'fp32'); the run cannot go on "
                              f"in the precision it started with.")
-        progress(f"precision: {record['chosen']}, as measured when the run started ({PRECISION_RECORD})")
+        record.setdefault("attention", recipe.model.built_attention)  # a record from before attention was timed
+        if record["attention"] not in MEASURED_ATTENTIONS:
+            raise ValueError(f"--resume: {str(path)!r} names the attention {record['attention']!r}, not one of "
+                             f"{', '.join(map(repr, MEASURED_ATTENTIONS))}; the run cannot go on as it started.")
+        progress(f"precision: {record['chosen']}, attention: {record['attention']}, as measured when the run "
+                 f"started ({PRECISION_RECORD})")
     else:
         if ranks.launched_world_size() > 1:
-            raise ValueError("train.precision: 'measure' times one process; under torchrun give 'bf16' or 'fp32' "
-                             "(measure it first in one process).")
-        size = recipe.train.batch_size
+            raise ValueError("train.precision / model.attn_implementation: 'measure' times one process; under "
+                             "torchrun give the precision and the attention (measure them first in one process).")
+        t, m = recipe.train, recipe.model
+        precisions = None if t.precision == "measure" else ["bf16" if use_bf16(t.precision) else "fp32"]
+        attentions = list(MEASURED_ATTENTIONS) if m.attn_implementation == "measure" else [m.attn_implementation]
+        size = t.batch_size
         sample = D.collate_batches(inputs.train_set, D.make_collator(inputs.tokenizer, model), size, limit=2 * size)
-        record = time_precisions(model, sample)
+        record = time_training(model, sample, precisions=precisions, attentions=attentions)
         if ranks.is_main():
             path.write_text(json.dumps(record, indent=1))
         timings = ", ".join(f"{k} {v:.3f} s" for k, v in record["candidates"].items()) or record.get("why", "")
-        progress(f"precision measured per training step: {timings}; training in {record['chosen']}")
+        progress(f"measured per training step: {timings}; training in {record['chosen']} with "
+                 f"{record['attention']} attention")
+    model.set_attn_implementation(record["attention"])
     return dataclasses.replace(inputs, bf16=record["chosen"] == "bf16", precision=record)
 
 
@@ -477,9 +494,11 @@ def set_up_model(recipe: Recipe, tokenizer, pairs, *, out_dir: Path, progress: C
         progress(f"initial architecture: {initial['heads']} heads {initial['per_kind']} from {initial['from']}, "
                  f"freshly initialised")
     inputs = prepare_inputs(recipe, tokenizer, model, pairs)
-    if recipe.train.precision == "measure":
-        inputs = measured_precision(recipe, model, inputs, out_dir, progress)
-    progress(f"precision: {'bf16 autocast' if inputs.bf16 else 'fp32'} (train.precision={recipe.train.precision})")
+    if measures_settings(recipe):
+        inputs = measured_settings(recipe, model, inputs, out_dir, progress)
+    progress(f"precision: {'bf16 autocast' if inputs.bf16 else 'fp32'} (train.precision={recipe.train.precision}); "
+             f"attention: {model.config._attn_implementation} (model.attn_implementation="
+             f"{recipe.model.attn_implementation})")
     progress(f"model: {sum(x.numel() for x in model.parameters()) / 1e6:.1f} M parameters, "
              f"{find_heads(model).summary()}")
     for key, points in beyond_epochs(recipe).items():

@@ -146,7 +146,7 @@ def check_trained_models(recipe, tokenizer) -> None:
 
     m = recipe.model
     config = marian_config(tokenizer, d_model=m.d_model, ffn_dim=m.ffn_dim, layers=m.layers, heads=m.heads,
-                           dropout=m.dropout, attn_implementation=m.attn_implementation)
+                           dropout=m.dropout, attn_implementation=m.built_attention)
     for key, model_dir in (("model.init_from", starting_model_dir(recipe)), ("distill.teacher",
                                                                            teacher_model_dir(recipe))):
         if model_dir is not None:
