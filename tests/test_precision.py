@@ -47,7 +47,8 @@ def test_with_one_candidate_nothing_is_timed(tiny_mt):
 
 def test_a_resumed_run_keeps_the_precision_and_attention_it_started_with(tmp_path, tiny_mt):
     from prunetrain.mt.recipe import load_recipe
-    from prunetrain.mt.runner import PRECISION_RECORD, RunInputs, measured_settings
+    from prunetrain.mt.run_settings import PRECISION_RECORD, measured_settings
+    from prunetrain.mt.runner import RunInputs
 
     recipe = load_recipe("wmt-small-deen", ["train.precision=measure", "model.attn_implementation=measure"])
     model = _marian(tiny_mt[1])
