@@ -3,11 +3,14 @@
 For the model the main recipe saves (`checkpoints/wmt-small-deen/pruned`): the model as prunetrain loads it, then each
 format `prunetrain export --check` allows, loaded the way a user without prunetrain would load it —
 `AutoModelForSeq2SeqLM.from_pretrained(dir, trust_remote_code=True)` (remote-code), plain `from_pretrained`
-(uniform, padded), ONNX Runtime with the KV-cache graph (onnx: `prunetrain.mt.translation.translate_onnx`, beam
-search by `prunetrain.export.onnx_beam`) — and decoded on the same test sentences. Beam 4 and greedy for every
-format; the table gives BLEU, the number of hypotheses identical to prunetrain's own decode with the same beams, and
-sentences per second (one pass, same threads; ORT vs PyTorch speed at beam 4 is the ratio of the onnx and prunetrain
-rows).
+(uniform, padded), ONNX Runtime (onnx: `prunetrain.mt.translation.translate_onnx`; beam search by ORT's BeamSearch
+operator, `prunetrain.export.onnx_beam_op`, and by the Python loop over the KV-cache graph,
+`prunetrain.export.onnx_beam`), CTranslate2 (`prunetrain.export.ctranslate2.translate_ctranslate2`) — and decoded
+on the same test sentences. Beam 4 and greedy for every format, and beam 4 with `early_stopping=True` (the stopping
+rule the BeamSearch operator reproduces) for prunetrain and ONNX Runtime; the table gives BLEU, the number of
+hypotheses identical to prunetrain's own decode with the same settings, and sentences per second (one pass, same
+threads). `--speed-rounds N` times beam-4 translation with PyTorch and ONNX Runtime interleaved, under both stopping
+rules (speed-ups against PyTorch with the same rule).
 
     python benchmarks/export_bleu.py checkpoints/wmt-small-deen/pruned --data-dir ../shared/data/multi30k
     python benchmarks/export_bleu.py checkpoints/wmt-small-deen-full/full --data-dir ../shared/data/multi30k \
@@ -30,23 +33,42 @@ RESULTS = Path(__file__).resolve().parent / "results"
 
 
 def beam_speed(model, onnx_dir: Path, tokenizer, sources: list[str], args) -> dict:
-    """Beam-4 translation of `sources` with PyTorch and with ONNX Runtime, the two interleaved (rotating order) for
-    `args.speed_rounds` rounds after one warm-up; the ORT speed-up is the ratio of median times."""
+    """Beam-4 translation of `sources` with PyTorch and with ONNX Runtime (its BeamSearch operator, and the Python
+    loop over the KV-cache graph), interleaved (rotating order) for `args.speed_rounds` rounds after one warm-up;
+    each ORT speed-up is the ratio of median times against PyTorch's."""
     from prunetrain.bench import alternate, compare_times
+    from prunetrain.export.onnx_beam_op import FILE
     from prunetrain.mt.translation import translate, translate_onnx
 
     config = model.config
-    calls = {"pytorch": lambda: translate(model, tokenizer, sources, batch_size=args.batch_size, num_beams=4),
-             "onnxruntime": lambda: translate_onnx(
-                 onnx_dir, tokenizer, sources, batch_size=args.batch_size, num_beams=4,
-                 decoder_start_token_id=config.decoder_start_token_id, eos_token_id=config.eos_token_id,
-                 max_position_embeddings=config.max_position_embeddings, threads=args.threads)}
+
+    def ort(engine, early_stopping):
+        return lambda: translate_onnx(
+            onnx_dir, tokenizer, sources, batch_size=args.batch_size, num_beams=4, beam_engine=engine,
+            early_stopping=early_stopping, decoder_start_token_id=config.decoder_start_token_id,
+            eos_token_id=config.eos_token_id, max_position_embeddings=config.max_position_embeddings,
+            threads=args.threads)
+
+    def torch_beam(early_stopping):
+        return lambda: translate(model, tokenizer, sources, batch_size=args.batch_size, num_beams=4,
+                                 early_stopping=early_stopping)
+
+    # transformers' default stopping rule (early_stopping=False): PyTorch and the loop; early_stopping=True: the
+    # operator too (the only rule it reproduces)
+    calls = {"pytorch": torch_beam(False), "onnxruntime_loop": ort("loop", False),
+             "pytorch_early_stopping": torch_beam(True), "onnxruntime_loop_early_stopping": ort("loop", True)}
+    if (onnx_dir / FILE).is_file():
+        calls["onnxruntime_operator_early_stopping"] = ort("operator", True)
     timed = alternate(calls, warmup=1, repeats=args.speed_rounds)
-    stats = compare_times(timed.times["pytorch"], timed.times["onnxruntime"])
-    return {"rounds": args.speed_rounds, "order": timed.order_string(), "times_s": timed.times,
-            "pytorch_median_s": sorted(timed.times["pytorch"])[len(timed.times["pytorch"]) // 2],
-            "onnxruntime_median_s": sorted(timed.times["onnxruntime"])[len(timed.times["onnxruntime"]) // 2],
-            "ort_speedup": stats["speedup"], "ort_speedup_min": stats["speedup_min"]}
+    medians = {name: sorted(times)[len(times) // 2] for name, times in timed.times.items()}
+    out = {"rounds": args.speed_rounds, "order": timed.order_string(), "times_s": timed.times,
+           **{f"{name}_median_s": median for name, median in medians.items()}}
+    for name in calls:
+        if not name.startswith("pytorch"):
+            base = "pytorch_early_stopping" if name.endswith("early_stopping") else "pytorch"
+            stats = compare_times(timed.times[base], timed.times[name])
+            out[f"{name}_speedup"], out[f"{name}_speedup_min"] = stats["speedup"], stats["speedup_min"]
+    return out
 
 
 def print_table(rows: list[dict], skipped: dict, speed: dict | None, sentences: int, rounds: int) -> None:
@@ -58,9 +80,12 @@ def print_table(rows: list[dict], skipped: dict, speed: dict | None, sentences: 
     for fmt, why in skipped.items():
         print(f"| {fmt} | not possible: {why} | | | | | |")
     if speed is not None:
-        print(f"\nbeam 4, {sentences} sentences, {rounds} interleaved rounds: PyTorch "
-              f"{speed['pytorch_median_s']:.2f} s, ONNX Runtime {speed['onnxruntime_median_s']:.2f} s "
-              f"(ORT speed-up {speed['ort_speedup']:.3f})")
+        print(f"\nbeam 4, {sentences} sentences, {rounds} interleaved rounds (median s; speed vs PyTorch):")
+        for name in ("pytorch", "onnxruntime_loop", "pytorch_early_stopping", "onnxruntime_loop_early_stopping",
+                     "onnxruntime_operator_early_stopping"):
+            if f"{name}_median_s" in speed:
+                ratio = speed.get(f"{name}_speedup", 1.0)
+                print(f"  {name:<36} {speed[name + '_median_s']:.2f} s  {ratio:.3f}x")
 
 
 def main() -> None:
@@ -94,15 +119,16 @@ def main() -> None:
     config = source.config
     rows, reference_hypotheses, speed = [], {}, None
 
-    def score(fmt: str, how: str, beams: int, decode) -> None:
+    def score(fmt: str, how: str, beams: int, decode, early_stopping: bool = False) -> None:
         start = time.perf_counter()
         hypotheses = decode()
         seconds = time.perf_counter() - start
         result = score_translations(hypotheses, references)
         if fmt == "prunetrain":
-            reference_hypotheses[beams] = hypotheses
-        same = sum(a == b for a, b in zip(hypotheses, reference_hypotheses[beams]))
-        rows.append({"format": fmt, "loaded_with": how, "num_beams": beams, "bleu": result["bleu"],
+            reference_hypotheses[beams, early_stopping] = hypotheses
+        same = sum(a == b for a, b in zip(hypotheses, reference_hypotheses[beams, early_stopping]))
+        rows.append({"format": fmt, "loaded_with": how, "num_beams": beams, "early_stopping": early_stopping,
+                     "bleu": result["bleu"],
                      "chrf": result["chrf"], "bleu_signature": result["bleu_signature"],
                      "identical_to_prunetrain": same, "sentences": len(hypotheses),
                      "sentences_per_second": len(hypotheses) / seconds})
@@ -114,6 +140,8 @@ def main() -> None:
                                                      num_beams=beams))
 
     torch_decodes("prunetrain", "prunetrain.load_pruned", source)
+    score("prunetrain", "prunetrain.load_pruned, early_stopping=True", 4, lambda: translate(
+        source, tokenizer, sources, batch_size=args.batch_size, num_beams=4, early_stopping=True), True)
     formats = check_formats(args.model)
     skipped = {fmt: why for fmt, why in formats.items() if why}
     with tempfile.TemporaryDirectory() as tmp:
@@ -121,15 +149,26 @@ def main() -> None:
             out = Path(tmp) / fmt
             export(args.model, out, fmt)
             if fmt == "onnx":
-                for beams in (4, 1):
-                    how = f"onnxruntime ({'beam search' if beams > 1 else 'greedy'}, KV cache)"
+                names = {"operator": "BeamSearch operator, early_stopping=True", "loop": "Python loop"}
+                for beams, engine in ((4, "operator"), (4, "loop"), (1, "loop")):
+                    if engine == "operator" and not (out / "beam_search_model.onnx").is_file():
+                        continue
+                    how = "onnxruntime (greedy, KV cache)" if beams == 1 else f"onnxruntime ({names[engine]})"
                     score(fmt, how, beams, lambda: translate_onnx(
                         out, tokenizer, sources, batch_size=args.batch_size,
                         decoder_start_token_id=config.decoder_start_token_id, eos_token_id=config.eos_token_id,
                         max_position_embeddings=config.max_position_embeddings, threads=args.threads,
-                        num_beams=beams))
+                        num_beams=beams, beam_engine=engine, early_stopping=engine == "operator"),
+                          engine == "operator")
                 if args.speed_rounds > 0:
                     speed = beam_speed(source, out, tokenizer, sources, args)
+                continue
+            if fmt == "ctranslate2":  # the engine's own beam search and length rule (docs/export.md)
+                from prunetrain.export.ctranslate2 import translate_ctranslate2
+
+                for beams in (4, 1):
+                    score(fmt, "ctranslate2.Translator (float32)", beams, lambda: translate_ctranslate2(
+                        out, sources, num_beams=beams, batch_size=args.batch_size, threads=args.threads))
                 continue
             remote = fmt == "remote-code"
             model = AutoModelForSeq2SeqLM.from_pretrained(out, trust_remote_code=remote).eval()

@@ -309,8 +309,8 @@ def test_onnx_export_runs_in_onnx_runtime_like_pytorch(family, tmp_path):
     model = shrunk(family)
     result = export(model, tmp_path / "onnx", "onnx")
     seq2seq = ARCHITECTURES[family].task == "seq2seq"
-    expected = {"seq2seq": ["decoder_model.onnx", "decoder_with_past_model.onnx", "encoder_model.onnx",
-                            "generation_config.json"],
+    expected = {"seq2seq": ["beam_search_model.onnx", "decoder_model.onnx", "decoder_with_past_model.onnx",
+                            "encoder_model.onnx", "generation_config.json"],
                 "causal-lm": ["decoder_with_past_model.onnx", "generation_config.json", "model.onnx"]}
     assert result["files"] == expected.get(ARCHITECTURES[family].task, ["model.onnx"])
     inputs = tiny_inputs(family, batch=3, length=11, seed=5)  # other shapes than the export's probe

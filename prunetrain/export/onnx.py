@@ -254,9 +254,33 @@ def export_onnx(model: nn.Module, directory: str | Path) -> list[str]:
                                      f"{error}).")
             written.append(name)
         check_onnx(model, directory)
+        if getattr(model.config, "is_encoder_decoder", False) and _has_kv_cache_graph(model):
+            written += _beam_search_graph(model, directory)
         return written
     finally:
         model.config._attn_implementation = previous
+
+
+def _beam_search_graph(model: nn.Module, directory: Path) -> list[str]:
+    """`beam_search_model.onnx` (ONNX Runtime's BeamSearch operator, `prunetrain.export.onnx_beam_op`), checked;
+    none where the operator cannot run the model (no decoder self-attention head left: the Python loop of
+    `prunetrain.export.onnx_beam` still decodes it)."""
+    import warnings
+
+    from prunetrain.export.onnx_beam_op import FILE, cache_order, check_beam_search, export_beam_search
+
+    try:
+        cache_order(model)
+    except ValueError:
+        return []
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        error = _run_isolated(lambda: export_beam_search(model, directory))
+    if error is not None:
+        _raise_write_failure(error, directory / FILE)
+        raise ValueError(f"format: {type(model).__name__} could not be exported to ONNX ({FILE}: {error}).")
+    check_beam_search(model, directory)
+    return [FILE]
 
 
 class OrtGenerator:

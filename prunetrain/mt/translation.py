@@ -204,7 +204,8 @@ def translate(model: nn.Module, tokenizer, sources: Sequence[str], *, batch_size
 
 def translate_onnx(directory: str | os.PathLike, tokenizer, sources: Sequence[str], *, batch_size: int = 64,
                    decoder_start_token_id: int, eos_token_id: int, max_position_embeddings: int | None = None,
-                   threads: int = 1, suppress_pad: bool = True, num_beams: int = 1) -> list[str]:
+                   threads: int = 1, suppress_pad: bool = True, num_beams: int = 1,
+                   early_stopping: bool = False, beam_engine: str = "auto") -> list[str]:
     """Translation with ONNX Runtime from an `--format onnx` export (`prunetrain.export.onnx.OrtGenerator`),
     sentence for sentence what `translate(..., num_beams=num_beams)` does with the PyTorch model: the same
     length-sorted batches, the same per-sentence bound ceil(1.5 · source tokens) + 10 (greedy: output cut at the first
@@ -220,6 +221,15 @@ def translate_onnx(directory: str | os.PathLike, tokenizer, sources: Sequence[st
         threads: ONNX Runtime intra-op threads.
         suppress_pad: never generate the pad token (as `translate`).
         num_beams: 1 (greedy) or the beams of beam search.
+        early_stopping: transformers' `early_stopping` for beam search (True: a sentence ends once it has
+            `num_beams` finished hypotheses; False, generate's default: its length heuristic).
+        beam_engine: beam search by ONNX Runtime's BeamSearch operator ("operator": the export's
+            `beam_search_model.onnx`, `prunetrain.export.onnx_beam_op`; a batch in which a hypothesis reached the
+            length limit is decoded again by the loop, whose scoring of such hypotheses is transformers'), by the
+            Python loop over the KV-cache graph ("loop", `prunetrain.export.onnx_beam`), or "auto": the faster of
+            the two that reproduces `generate` — the operator with `early_stopping=True` where the export has it,
+            else the loop (with `early_stopping=False` the operator's stop check reads another sentence's scores
+            and decodes most batches to the length limit: docs/export.md).
     """
     from prunetrain.export.onnx import OrtGenerator
     from prunetrain.export.onnx_beam import beam_generate
@@ -233,15 +243,25 @@ def translate_onnx(directory: str | os.PathLike, tokenizer, sources: Sequence[st
         check_int("max_position_embeddings", max_position_embeddings, 1)
     if not sources:
         return []
+    check_bool("early_stopping", early_stopping)
+    operator = _beam_operator(directory, beam_engine, threads, num_beams, early_stopping)
     generator = OrtGenerator(directory, threads=threads)
     encoded = tokenizer(sources, return_attention_mask=False, verbose=False)["input_ids"]
     suppress = [tokenizer.pad_token_id] if suppress_pad else []
     outputs: list[str | None] = [None] * len(sources)
     for rows, batch, row_caps in _sorted_batches(tokenizer, encoded, batch_size, max_position_embeddings, None):
         if num_beams > 1:  # as translate: one bound per batch, hypotheses as generate returns them
-            generated = beam_generate(directory, batch["input_ids"], batch["attention_mask"], max(row_caps),
-                                      num_beams=num_beams, generator=generator, suppress_tokens=suppress,
-                                      decoder_start_token_id=decoder_start_token_id)
+            generated = None
+            if operator is not None:
+                generated = operator.generate_or_none(batch["input_ids"], batch["attention_mask"], max(row_caps),
+                                                      num_beams=num_beams, suppress_tokens=suppress,
+                                                      decoder_start_token_id=decoder_start_token_id,
+                                                      early_stopping=early_stopping)
+            if generated is None:
+                generated = beam_generate(directory, batch["input_ids"], batch["attention_mask"], max(row_caps),
+                                          num_beams=num_beams, generator=generator, suppress_tokens=suppress,
+                                          decoder_start_token_id=decoder_start_token_id,
+                                          early_stopping=early_stopping)
             _decode_rows(tokenizer, outputs, rows, [row.tolist() for row in generated[:, 1:]])
             continue
         generated = generator.greedy(batch["input_ids"], batch["attention_mask"], max(row_caps),
@@ -252,6 +272,22 @@ def translate_onnx(directory: str | os.PathLike, tokenizer, sources: Sequence[st
             pieces.append(row[: row.index(eos_token_id) + 1] if eos_token_id in row else row)
         _decode_rows(tokenizer, outputs, rows, pieces)
     return outputs  # type: ignore[return-value]
+
+
+def _beam_operator(directory, beam_engine: str, threads: int, num_beams: int, early_stopping: bool):
+    """The `OrtBeamSearch` of the export for `beam_engine` ("auto", "operator", "loop"), or None for the loop."""
+    from prunetrain.export.onnx_beam_op import FILE, OrtBeamSearch
+
+    if beam_engine not in ("auto", "operator", "loop"):
+        raise ValueError(f"beam_engine: {beam_engine!r} is not allowed; expected 'auto', 'operator' or 'loop'.")
+    present = (Path(directory) / FILE).is_file()
+    if beam_engine == "operator" and not present:
+        raise ValueError(f"beam_engine: 'operator' needs {FILE} in {directory} (an `--format onnx` export of an "
+                         f"encoder-decoder model with a decoder self-attention head writes it); 'loop' decodes "
+                         f"this export.")
+    if num_beams == 1 or beam_engine == "loop" or not present or (beam_engine == "auto" and not early_stopping):
+        return None
+    return OrtBeamSearch(directory, threads)
 
 
 def score_translations(hypotheses: Sequence[str], references: Sequence[str]) -> dict:
