@@ -96,6 +96,22 @@ def test_the_beam_search_operator_translates_multi30k_as_generate(m30k_tokenizer
     assert sum(a != b for a, b in zip(want, greedy)) >= 50  # beam search matters for this model
 
 
+def test_a_beam_search_graph_that_differs_from_pytorch_is_not_written(tmp_path, monkeypatch):
+    import prunetrain.export.onnx_beam_op as op
+    from prunetrain.zoo import tiny_model
+
+    def differs(model, directory):
+        raise ValueError("format: ONNX Runtime's decoder subgraph of beam_search_model.onnx differs from PyTorch's")
+
+    monkeypatch.setattr(op, "check_beam_search", differs)
+    with pytest.warns(UserWarning, match=r"beam_search_model.onnx not written \(MarianMTModel: format: ONNX "
+                                         r"Runtime's decoder subgraph .* differs from PyTorch's\); beam search runs "
+                                         r"with prunetrain.export.onnx_beam's loop"):
+        result = export(tiny_model("marian"), tmp_path / "onnx", "onnx")
+    assert FILE not in result["files"] and "decoder_with_past_model.onnx" in result["files"]
+    assert not (tmp_path / "onnx" / FILE).exists()
+
+
 def test_the_operator_refuses_settings_it_does_not_take_and_an_export_without_it(tmp_path):
     from prunetrain.export.onnx_beam_op import cache_order, check_beam_search
     from prunetrain.mt.translation import translate_onnx

@@ -262,9 +262,10 @@ def export_onnx(model: nn.Module, directory: str | Path) -> list[str]:
 
 
 def _beam_search_graph(model: nn.Module, directory: Path) -> list[str]:
-    """`beam_search_model.onnx` (ONNX Runtime's BeamSearch operator, `prunetrain.export.onnx_beam_op`), checked;
-    none where the operator cannot run the model (no decoder self-attention head left: the Python loop of
-    `prunetrain.export.onnx_beam` still decodes it)."""
+    """`beam_search_model.onnx` (ONNX Runtime's BeamSearch operator, `prunetrain.export.onnx_beam_op`), checked
+    against PyTorch. It is an addition to the graphs the export is made of: where the operator cannot run the model
+    (no decoder self-attention head left) or its subgraphs cannot be traced or differ from PyTorch, it is not
+    written (a warning says why; the Python loop of `prunetrain.export.onnx_beam` decodes the export)."""
     import warnings
 
     from prunetrain.export.onnx_beam_op import FILE, cache_order, check_beam_search, export_beam_search
@@ -276,11 +277,17 @@ def _beam_search_graph(model: nn.Module, directory: Path) -> list[str]:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         error = _run_isolated(lambda: export_beam_search(model, directory))
-    if error is not None:
-        _raise_write_failure(error, directory / FILE)
-        raise ValueError(f"format: {type(model).__name__} could not be exported to ONNX ({FILE}: {error}).")
-    check_beam_search(model, directory)
-    return [FILE]
+    if error is None:
+        try:
+            check_beam_search(model, directory)
+            return [FILE]
+        except ValueError as err:
+            error = str(err)
+    _raise_write_failure(error, directory / FILE)  # a full or read-only disk is the export's failure
+    (directory / FILE).unlink(missing_ok=True)
+    warnings.warn(f"{FILE} not written ({type(model).__name__}: {error}); beam search runs with "
+                  f"prunetrain.export.onnx_beam's loop.", stacklevel=3)
+    return []
 
 
 class OrtGenerator:

@@ -15,14 +15,17 @@ positive. So the caches are listed in an order whose first layer has heads (`j` 
 layer index); a model whose decoder self-attention has no head left anywhere is refused.
 
 The search is ORT's `BeamSearchScorer` (transformers' beam search before its vectorised rewrite): at each step the
-2k best (beam, token) candidates by s_b + log softmax(logits)_t after the logits processors, a candidate ending in EOS
-among the first k scored s / L^length_penalty with L the sequence length including the decoder start token, the
-others filling the k running beams. It reproduces `generate(num_beams=k)` with `early_stopping=True` and, without
-it, differs only where transformers' stopping heuristic (the best running score normalised by the generated length)
-and ORT's (normalised by the length including the start token) disagree: counted in tests/test_onnx_beam_op.py.
-Settings the operator takes: `num_beams`, `length_penalty`, `early_stopping` (True/False), one `eos_token_id`,
-`suppress_tokens` and single-token `bad_words_ids` (its `vocab_mask`), `min_new_tokens` (its `min_length`); any
-other setting that changes the scores is refused with the Python loop named as the route that takes it.
+2k best (beam, token) candidates by s_b + log softmax(logits)_t after the logits processors; a candidate ending in EOS
+among the first k becomes a finished hypothesis scored s / L^length_penalty (L: the generated tokens with the EOS, as
+transformers), the others fill the k running beams. With `early_stopping=True` (a sentence is done once it has k
+finished hypotheses) that is `generate(num_beams=k, early_stopping=True)`, but for a hypothesis cut at the length
+limit (no EOS), which the operator scores with L one larger than transformers does (the decoder start token
+counted); `OrtBeamSearch.generate_or_none` returns None for a batch whose best hypothesis is such a one, and its
+caller decodes that batch with the loop. `early_stopping=False` is refused: ORT's stop check for it reads another
+sentence's candidate scores (docs/export.md, measured). Settings the operator takes: `num_beams`, `length_penalty`,
+one `eos_token_id`, `suppress_tokens` and single-token `bad_words_ids` (its `vocab_mask`; the pad token among them),
+`min_new_tokens` (its `min_length`); any other setting that changes the scores is refused with the Python loop named
+as the route that takes it.
 """
 
 from __future__ import annotations
@@ -86,7 +89,7 @@ class _BeamDecoder(nn.Module):
         from prunetrain.engine.heads import find_heads
 
         self.model, self.order = model, order
-        self.d_model = model.config.d_model
+        self.d_model = model.get_input_embeddings().embedding_dim  # the encoder's output width
         heads = [s.num_heads for s in find_heads(model) if s.kind == "decoder_self"]
         self.headless = [i for i, n in enumerate(heads) if n == 0]
 
