@@ -17,6 +17,20 @@ REPO = Path(__file__).resolve().parents[1]
 DATA_ENV = "PRUNETRAIN_DATA"
 
 
+def _child_threads_per_worker() -> None:
+    """Under pytest-xdist the workers share the cores. A child process a test starts (a CLI run, torchrun, an export
+    in isolation) would otherwise start torch with one OpenMP thread per core, and two such children on two cores
+    spend most of their time in OpenMP barriers (measured on 2 cores: the cooldown recipe test 18 s with one thread
+    per child, 145 s without; its run takes 20 s alone). So every child inherits OMP_NUM_THREADS = cores // workers,
+    unless the caller set it. A test that needs another count sets it in the child explicitly."""
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1") or 1)
+    if workers > 1:
+        os.environ.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // workers)))
+
+
+_child_threads_per_worker()
+
+
 def _data_location() -> tuple[Path, bool]:
     env = os.environ.get(DATA_ENV)
     if env:
