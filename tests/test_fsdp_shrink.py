@@ -8,6 +8,8 @@ through transformers' `CallbackHandler` (on CPU the HF Trainer does not shard, s
   same final weights as one unsharded process; each rank holds less after each shrink;
 - a run whose rank 0 is killed with SIGKILL after both shrinks resumes from its checkpoint to the same end;
 - `HardConcreteCallback(finalize="shrink")` leaves both ranks with the same shrunk, sharded model;
+- `DistillationCallback(teacher=None)` through both shrinks: each rank distils from a whole replica of the model
+  taken when training began (gathered, not deep-copied), as one process does, and a killed run resumes with it;
 - what the sharded shrink cannot do (CPU offload, tensor-parallel weights) is refused before any weight changes
   (in this process, on a one-rank gloo group).
 """
@@ -121,6 +123,59 @@ def test_fsdp2_hard_concrete_finalize_shrink(tmp_path, multi30k_dir):
     assert kept == 12 and sum(len(site["heads"]) for site in r0["layout"]["sites"]) == 12  # the budget, shrunk
     for result in (r0, r1):
         assert result["memory_end"] < result["memory"]["24"]  # the shrink at the end freed memory on every rank
+
+
+@pytest.fixture(scope="module")
+def distill_runs(tmp_path_factory, multi30k_dir):
+    """The prune-shrink run distilling from a snapshot of the model taken when training begins, in one process and
+    sharded over two ranks."""
+    base = tmp_path_factory.mktemp("fsdp_distill")
+    single, sharded = base / "single", base / "fsdp"
+    args = ["--data", str(multi30k_dir), "--callback", "prune-shrink-distill"]
+    _run([sys.executable, str(WORKER), "--out", str(single), *args], base)
+    _run(_torchrun(WORKER, "--out", str(sharded), *args), base)
+    return base, single, sharded, args
+
+
+@pytest.mark.slow
+@pytest.mark.distributed
+def test_fsdp2_distils_from_a_whole_replica_of_the_model_as_one_process_does(distill_runs):
+    _, single, sharded, _ = distill_runs
+    one, r0, r1 = _result(single), _result(sharded, 0), _result(sharded, 1)
+    # the snapshot teacher is a whole, unsharded, frozen replica of the unpruned model on each rank (a deep copy of
+    # the sharded model is what FSDP refuses), and its forward FLOPs summed over the ranks are one process's
+    assert one["teacher"]["parameters"] == r0["teacher"]["parameters"] == r1["teacher"]["parameters"]
+    for result in (one, r0, r1):
+        assert result["teacher"]["class"] == "MarianMTModel" and not result["teacher"]["sharded"]
+        assert result["teacher"]["frozen"] and sum(len(s["heads"]) for s in result["teacher"]["layout"]["sites"]) == 24
+    assert r0["teacher"]["flops"] == r1["teacher"]["flops"] == one["teacher"]["flops"] > 0
+    # the combined loss (1 − α)·CE + α·T²·KL of every step, through both shrinks, is one process's
+    assert len(one["losses"]) == 24 and r0["losses"] == r1["losses"]
+    assert one["losses"]["1"] > 0
+    for step, loss in one["losses"].items():
+        assert abs(r0["losses"][step] - loss) <= 1e-5, (step, r0["losses"][step], loss)
+    assert r0["mask"] == one["mask"] and r0["layout"] == one["layout"]
+    _assert_weights_close(load_file(str(sharded / "rank0_weights.safetensors")),
+                          load_file(str(single / "rank0_weights.safetensors")), atol=1e-5)
+
+
+@pytest.mark.slow
+@pytest.mark.distributed
+def test_fsdp2_distillation_killed_after_a_shrink_resumes_with_the_saved_teacher(distill_runs):
+    base, _, sharded, args = distill_runs
+    killed = base / "killed"
+    crashed = subprocess.run(_torchrun(WORKER, "--out", str(killed), *args, "--kill-at-step", "20"), cwd=base,
+                             env=_env(), capture_output=True, text=True, timeout=600)
+    assert crashed.returncode != 0 and "Signal 9 (SIGKILL)" in crashed.stderr, crashed.stderr[-3000:]
+    # every rank rebuilds the teacher saved with checkpoint-16 as the student's own class (not FSDP's subclass)
+    _run(_torchrun(WORKER, "--out", str(killed), *args, "--resume"), base)
+    resumed, full = _result(killed), _result(sharded)
+    assert resumed["resumed_from"].endswith("checkpoint-16") and sorted(map(int, resumed["losses"])) == list(
+        range(17, 25))
+    assert all(resumed["losses"][step] == full["losses"][step] for step in resumed["losses"])
+    assert resumed["teacher"] == full["teacher"] and _result(killed, 1)["teacher"] == full["teacher"]
+    _assert_weights_close(load_file(str(killed / "rank0_weights.safetensors")),
+                          load_file(str(sharded / "rank0_weights.safetensors")), atol=0)
 
 
 @pytest.fixture

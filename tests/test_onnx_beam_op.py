@@ -134,6 +134,11 @@ def test_the_operator_refuses_settings_it_does_not_take_and_an_export_without_it
                                          r"'loop'\."):
         translate_onnx(tmp_path / "onnx", None, ["a"], num_beams=2, decoder_start_token_id=0, eos_token_id=1,
                        beam_engine="fast")
+    # asking for the operator with transformers' default stopping rule is refused before any batch is decoded
+    with pytest.raises(ValueError, match=r"^early_stopping: False is not taken by beam_engine 'operator' .*; use "
+                                         r"early_stopping=True or beam_engine 'loop'\.$"):
+        translate_onnx(tmp_path / "onnx", None, ["a"], num_beams=2, decoder_start_token_id=0, eos_token_id=1,
+                       beam_engine="operator")
     # the file is checked against the model it came from: another model's weights are refused
     other = tiny_model("marian")
     with torch.no_grad():

@@ -290,6 +290,15 @@ def _beam_search_graph(model: nn.Module, directory: Path) -> list[str]:
     return []
 
 
+def read_generation_config(directory: str | Path):
+    """The export's `generation_config.json` as a `transformers.GenerationConfig` (its defaults where the export has
+    none); the decoders read it once, not per batch."""
+    from transformers import GenerationConfig
+
+    return (GenerationConfig.from_pretrained(directory) if (Path(directory) / "generation_config.json").is_file()
+            else GenerationConfig())
+
+
 class OrtGenerator:
     """Greedy decoding with ONNX Runtime and the KV-cache graph of an `--format onnx` export (what `generate` does
     with `do_sample=False, num_beams=1` and exactly `max_new_tokens` new tokens, no stopping at EOS). The sessions
@@ -309,6 +318,7 @@ class OrtGenerator:
         self.fixed = 2 if self.encoder is None else 3  # inputs before the past keys/values
         self.names = [i.name for i in self.decoder.get_inputs()]
         self.outputs = [o.name for o in self.decoder.get_outputs()]
+        self.generation_config = read_generation_config(directory)
 
     def greedy(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, max_new_tokens: int,
                decoder_start_token_id: int | None = None, suppress_tokens=()) -> torch.Tensor:

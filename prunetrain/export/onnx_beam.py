@@ -321,17 +321,12 @@ def beam_generate(directory, input_ids: torch.Tensor, attention_mask: torch.Tens
         generator: an `OrtGenerator` to reuse (its sessions), else one is made.
         generate_kwargs: generation settings (e.g. `suppress_tokens`, `length_penalty`, `min_new_tokens`).
     """
-    from pathlib import Path
-
-    from transformers import GenerationConfig
-
     from prunetrain.export.onnx import OrtGenerator
 
     check_int("num_beams", num_beams, 1)
     check_int("max_new_tokens", max_new_tokens, 1)
     check_int("threads", threads, 1)
-    path = Path(directory) / "generation_config.json"
-    config = GenerationConfig.from_pretrained(directory) if path.is_file() else GenerationConfig()
-    settings = BeamSettings.from_generation_config(config, **generate_kwargs, num_beams=num_beams)
     generator = generator or OrtGenerator(directory, threads)
+    settings = BeamSettings.from_generation_config(generator.generation_config, **generate_kwargs,
+                                                   num_beams=num_beams)
     return beam_search(generator, input_ids, attention_mask, max_new_tokens, settings)

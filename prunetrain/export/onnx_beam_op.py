@@ -266,6 +266,8 @@ class OrtBeamSearch:
     def __init__(self, directory: str | Path, threads: int = 1):
         import onnx
 
+        from prunetrain.export.onnx import read_generation_config
+
         path = Path(directory) / FILE
         if not path.is_file():
             raise ValueError(f"directory: {directory} has no {FILE} (an `--format onnx` export of an "
@@ -275,6 +277,7 @@ class OrtBeamSearch:
         self.threads = threads
         self.vocab = next(a.i for a in self.proto.graph.node[0].attribute if a.name == "vocab_size")
         self.sessions: dict[tuple, object] = {}
+        self.generation_config = read_generation_config(self.directory)
 
     def _session(self, attributes: dict):
         import onnxruntime as ort
@@ -322,13 +325,9 @@ class OrtBeamSearch:
         where a row's best hypothesis reached the length limit without EOS: the operator scores such a hypothesis
         by its length including the decoder start token, transformers by its generated length (one less), so
         the caller decodes that batch with the loop (`prunetrain.export.onnx_beam.beam_generate`)."""
-        from transformers import GenerationConfig
-
         from prunetrain.export.onnx_beam import BeamSettings
 
-        path = self.directory / "generation_config.json"
-        config = GenerationConfig.from_pretrained(self.directory) if path.is_file() else GenerationConfig()
-        settings = BeamSettings.from_generation_config(config, **generate_kwargs)
+        settings = BeamSettings.from_generation_config(self.generation_config, **generate_kwargs)
         sequences = self.generate(input_ids, attention_mask, max_new_tokens, settings)
         ended = (sequences[:, 1:] == settings.eos_token_ids[0]).any(dim=1)
         return sequences if bool(ended.all()) else None

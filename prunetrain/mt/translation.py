@@ -285,6 +285,9 @@ def _beam_operator(directory, beam_engine: str, threads: int, num_beams: int, ea
         raise ValueError(f"beam_engine: 'operator' needs {FILE} in {directory} (an `--format onnx` export of an "
                          f"encoder-decoder model with a decoder self-attention head writes it); 'loop' decodes "
                          f"this export.")
+    if beam_engine == "operator" and num_beams > 1 and not early_stopping:
+        raise ValueError("early_stopping: False is not taken by beam_engine 'operator' (ONNX Runtime's stop check "
+                         "for it reads another sentence's scores); use early_stopping=True or beam_engine 'loop'.")
     if num_beams == 1 or beam_engine == "loop" or not present or (beam_engine == "auto" and not early_stopping):
         return None
     return OrtBeamSearch(directory, threads)

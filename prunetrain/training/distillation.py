@@ -57,9 +57,10 @@ import torch.nn.functional as F
 from torch import nn
 
 from prunetrain.engine.heads import unwrap_model
+from prunetrain.engine.sharded import fsdp2_modules
 from prunetrain.training.base import PrunetrainCallback
 from prunetrain.training.distillation_teacher import architecture, check_same_architecture, rebuild_snapshot, \
-    snapshot_record, snapshot_tensors
+    replicated_snapshot, snapshot_record, snapshot_tensors
 from prunetrain.utils.validate import check_bool, check_ints, check_positive_float
 
 TASKS = ("seq2seq", "causal", "classes")
@@ -136,12 +137,15 @@ def frozen_copy(model: nn.Module) -> nn.Module:
     """A deep copy of `model` without the hooks others put on it (a FLOP meter's, a mask's: they would count or mask
     the copy's forwards as the student's) and without a forward others replaced (accelerate's mixed-precision
     wrapper: the teacher's precision is the callback's, the same for a copy taken at the start and one restored on
-    resume), refused while head masks are attached (a copy would share their values)."""
+    resume), refused while head masks are attached (a copy would share their values). Of a `fully_shard`-ed (FSDP2)
+    model: a whole replica on every rank, its weights gathered (`replicated_snapshot`; a collective)."""
     from prunetrain.engine.mask import attached_masks
 
     if attached_masks(model):
         raise ValueError("teacher: the student has head masks attached when training begins, so a copy of it would "
                          "not be the unpruned model; give the teacher model explicitly (teacher=...).")
+    if fsdp2_modules(model):  # a deep copy would hold the shards without FSDP's hooks: gathered whole instead
+        return replicated_snapshot(model)
     teacher = copy.deepcopy(model)
     for module in teacher.modules():
         for wrapped in ("forward", "_original_forward"):  # accelerate's autocast forward: the callback sets precision

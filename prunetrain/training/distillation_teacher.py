@@ -19,6 +19,7 @@ from torch import nn
 
 from prunetrain.engine.heads import LAYOUT_CONFIG_KEY
 from prunetrain.engine.persist import shrink_to_layout
+from prunetrain.training.distributed import original_class
 from prunetrain.training.state import RngState
 
 TEACHER_PREFIX = "teacher."
@@ -58,7 +59,8 @@ def snapshot_record(teacher: nn.Module) -> dict:
     config = getattr(teacher, "config", None)
     if config is None or not hasattr(config, "to_dict"):
         return {}
-    return {"class": f"{type(teacher).__module__}.{type(teacher).__qualname__}",
+    cls = original_class(teacher)  # a sharded student's own class, not FSDP's subclass of it
+    return {"class": f"{cls.__module__}.{cls.__qualname__}",
             "config": json.loads(config.to_json_string(use_diff=False)),
             "attn_implementation": getattr(config, "_attn_implementation", None)}
 
@@ -82,10 +84,33 @@ def rebuild_snapshot(student: nn.Module, record: dict, tensors: dict[str, torch.
         raise ValueError(f"teacher: {checkpoint!r} holds no teacher weights (the run that wrote it distilled from a "
                          f"given teacher, which checkpoints do not hold); give that teacher model (teacher=...) to "
                          f"resume.")
-    cls = type(student)
+    cls = original_class(student)
     if record.get("class") != f"{cls.__module__}.{cls.__qualname__}":
         raise ValueError(f"teacher: {checkpoint!r} holds a teacher of class {record.get('class')}, not the student's "
                          f"{cls.__module__}.{cls.__qualname__}; resume with the model class the run was trained with.")
+    return _rebuilt(cls, student, record, weights, f"the teacher saved in {checkpoint!r}", " to resume")
+
+
+def replicated_snapshot(student: nn.Module) -> nn.Module:
+    """The snapshot teacher of a `fully_shard`-ed (FSDP2) student: a whole, unsharded replica on every rank.
+
+    The teacher takes no gradients and has no optimizer state, so sharding it would save only its weights' memory
+    and cost an all-gather per layer per forward; a replica runs on each rank alone. Every parameter is all-gathered
+    on every rank (a collective: every rank calls it, at `on_train_begin`), and the model is rebuilt as the student's
+    own class from its config, shrunk to the head layout the config records, with the gathered weights loaded
+    exactly; the random-number streams are left as they were (a one-process run's deep copy draws none).
+    """
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+    state = get_model_state_dict(student, options=StateDictOptions(full_state_dict=True))
+    weights = {name: tensor.detach().cpu().clone() for name, tensor in state.items()}
+    return _rebuilt(original_class(student), student, snapshot_record(student), weights, "the sharded student", "")
+
+
+def _rebuilt(cls: type, student: nn.Module, record: dict, weights: dict[str, torch.Tensor], source: str,
+             when: str) -> nn.Module:
+    """`cls` built from `record`'s config (shrunk to its head layout) with `weights` loaded exactly; refused in one
+    line (naming `source`; the remedy ends with `when`) where they do not fit or a tensor's dtype would differ."""
     dtypes = {t.dtype for t in weights.values() if t.is_floating_point()}
     rng = RngState.capture()  # building the model initialises weights: leave the training stream untouched
     try:
@@ -103,15 +128,15 @@ def rebuild_snapshot(student: nn.Module, record: dict, tensors: dict[str, torch.
     finally:
         rng.restore()
     if detail is not None:  # e.g. a peft student: its copy held adapter layers its config does not build
-        raise ValueError(f"teacher: the teacher saved in {checkpoint!r} cannot be rebuilt as {cls.__name__} from "
-                         f"its config ({detail}); give the teacher model (teacher=...) to resume.")
+        raise ValueError(f"teacher: {source} cannot be rebuilt as {cls.__name__} from its config ({detail}); give "
+                         f"the teacher model (teacher=...){when}.")
     for name, tensor in teacher.state_dict().items():
         if tensor.dtype != weights[name].dtype:
-            raise ValueError(f"teacher: the teacher saved in {checkpoint!r} cannot be rebuilt exactly ({name!r} is "
-                             f"{weights[name].dtype} in it, {tensor.dtype} in a rebuilt {cls.__name__}); give the "
-                             f"teacher model (teacher=...) to resume.")
+            raise ValueError(f"teacher: {source} cannot be rebuilt exactly ({name!r} is {weights[name].dtype} in "
+                             f"it, {tensor.dtype} in a rebuilt {cls.__name__}); give the teacher model "
+                             f"(teacher=...){when}.")
     return teacher
 
 
-__all__ = ["architecture", "architecture_difference", "check_same_architecture", "rebuild_snapshot", "snapshot_record",
-           "snapshot_tensors"]
+__all__ = ["architecture", "architecture_difference", "check_same_architecture", "rebuild_snapshot",
+           "replicated_snapshot", "snapshot_record", "snapshot_tensors"]

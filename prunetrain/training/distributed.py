@@ -220,7 +220,7 @@ def rebuild_ddp(ddp) -> None:
         snapshot["reducer"], snapshot["logger"] = ddp.reducer, ddp.logger
 
 
-def _original_class(model: nn.Module) -> type:
+def original_class(model: nn.Module) -> type:
     """The model's own class (`fully_shard` swaps in a subclass named `FSDP<Class>`)."""
     from torch.distributed.fsdp import FSDPModule
 
@@ -246,7 +246,7 @@ def gathered_copy(model: nn.Module) -> nn.Module | None:
     state = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
     if dist.is_initialized() and dist.get_rank() != 0:
         return None
-    plain = _original_class(model)(model.config)  # built on the CPU: non-persistent buffers get their values
+    plain = original_class(model)(model.config)  # built on the CPU: non-persistent buffers get their values
     missing, unexpected = plain.load_state_dict(state, strict=False)
     untied = [k for k in missing if not any(k == t or k.endswith(t) for t in _tied_keys(plain))]
     if unexpected or untied:
@@ -257,5 +257,5 @@ def gathered_copy(model: nn.Module) -> nn.Module | None:
     return plain.eval()
 
 
-__all__ = ["ENGINES", "SUPPORTED", "WHY_REFUSED", "any_rank", "find_ddp", "gathered_copy", "rebuild_ddp", "require",
-           "training_engine"]
+__all__ = ["ENGINES", "SUPPORTED", "WHY_REFUSED", "any_rank", "find_ddp", "gathered_copy", "original_class",
+           "rebuild_ddp", "require", "training_engine"]

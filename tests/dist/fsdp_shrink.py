@@ -1,6 +1,7 @@
 """Mid-training shrink under FSDP2 (`fully_shard`), compared with one process on the same global batches.
 
-python fsdp_shrink.py --out DIR --data DIR/multi30k [--callback prune-shrink|gates-shrink] [--resume]
+python fsdp_shrink.py --out DIR --data DIR/multi30k [--callback prune-shrink|gates-shrink|prune-shrink-distill]
+                      [--resume]
                       [--kill-at-step N]  (rank 0 sends itself SIGKILL at step N: a crash at a known point)
 or under `torchrun --nproc_per_node 2` (gloo, CPU), where every encoder/decoder layer and the root are
 `fully_shard`-ed. On CPU the HF Trainer does not shard (it trains with DDP), so this worker is the training loop: it
@@ -11,7 +12,9 @@ Each of the 24 steps (3 epochs of 8) sees the same 16 sequences in one process a
 dropout. The loss is Σ token cross-entropy over the step's label tokens on all ranks, divided by their count
 (gathered): each rank backpropagates its share × W, since FSDP averages gradients over the W ranks. The callback
 masks at step 4, masks more and shrinks at steps 8 and 14 (`shrink_steps`), so training crosses two shrinks; or
-Hard-Concrete gates with a 12-head budget are trained and shrunk at the end (`finalize="shrink"`). A checkpoint is
+Hard-Concrete gates with a 12-head budget are trained and shrunk at the end (`finalize="shrink"`); or the
+prune-shrink schedule while distilling from a snapshot of the model taken when training begins (`DistillationCallback(
+teacher=None)`; the loss computed here through its `loss_func`, normalised over every rank's tokens). A checkpoint is
 written at every epoch end (full model and optimizer state through torch.distributed.checkpoint's state-dict API,
 the config with the head layout, `trainer_state.json`, then the callbacks' state).
 
@@ -37,8 +40,8 @@ from transformers.trainer_callback import CallbackHandler
 
 from prunetrain.engine.heads import find_heads
 from prunetrain.mt.data import build_dataset, make_collator, marian_config, read_parallel, train_tokenizer
-from prunetrain.training import (GateTraining, HardConcreteCallback, HeadPruningCallback, Importance, Output,
-                                 Schedule, last_complete_checkpoint, restore_layout)
+from prunetrain.training import (DistillationCallback, GateTraining, HardConcreteCallback, HeadPruningCallback,
+                                 Importance, Output, Schedule, last_complete_checkpoint, restore_layout)
 from prunetrain.training.distributed import any_rank
 
 GLOBAL_BATCH, STEPS_PER_EPOCH, EPOCHS = 16, 8, 3
@@ -84,10 +87,27 @@ def local_bytes(model, optimizer) -> int:
     return sum(t.numel() * t.element_size() for t in tensors.values())
 
 
-def step_loss(model, batch, world: int):
-    """(loss to backpropagate on this rank, the step's global mean token loss)."""
-    logits = model(**{k: v for k, v in batch.items() if k != "labels"}).logits
+def token_sum_loss(outputs, labels, num_items_in_batch):
+    """Σ token cross-entropy over this rank's label tokens / every rank's label tokens."""
+    return torch.nn.functional.cross_entropy(outputs.logits.flatten(0, 1).float(), labels.flatten(),
+                                             ignore_index=-100, reduction="sum") / num_items_in_batch
+
+
+def step_loss(model, batch, world: int, distillation=None):
+    """(loss to backpropagate on this rank, the step's global mean token loss; with `distillation` the combined
+    loss (1 − α)·CE + α·T²·KL, both terms over every rank's label tokens)."""
+    outputs = model(**{k: v for k, v in batch.items() if k != "labels"})
     labels = batch["labels"]
+    if distillation is not None:
+        items = (labels != -100).sum().float()
+        if world > 1:
+            dist.all_reduce(items)
+        loss = distillation.loss_func(token_sum_loss)(outputs, labels, num_items_in_batch=items)
+        value = loss.detach().clone()
+        if world > 1:
+            dist.all_reduce(value)
+        return loss * world, float(value)
+    logits = outputs.logits
     total = torch.nn.functional.cross_entropy(logits.flatten(0, 1).float(), labels.flatten(), ignore_index=-100,
                                               reduction="sum")
     counts = torch.stack([(labels != -100).sum().float(), total.detach()])
@@ -128,7 +148,8 @@ def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--out", required=True)
     parser.add_argument("--data", required=True)
-    parser.add_argument("--callback", default="prune-shrink", choices=["prune-shrink", "gates-shrink"])
+    parser.add_argument("--callback", default="prune-shrink",
+                        choices=["prune-shrink", "gates-shrink", "prune-shrink-distill"])
     parser.add_argument("--resume", action="store_true")
     parser.add_argument("--kill-at-step", type=int, default=None)
     opts = parser.parse_args()
@@ -140,7 +161,10 @@ def main():
     torch.set_num_threads(1)
     tokenizer, model, batches, fixed = build(opts.data, world, rank)
     callback = make_callback(opts.callback, fixed)
-    checkpoint = last_complete_checkpoint(out, [callback]) if opts.resume else None
+    distillation = DistillationCallback(teacher=None, alpha=0.5, temperature=2.0, tensorboard=False) \
+        if opts.callback == "prune-shrink-distill" else None
+    callbacks = [c for c in (distillation, callback) if c is not None]
+    checkpoint = last_complete_checkpoint(out, callbacks) if opts.resume else None
     if checkpoint is not None:
         restore_layout(model, checkpoint)  # the checkpoint's (shrunk) shape, before sharding
     if world > 1:
@@ -151,7 +175,7 @@ def main():
                              // world, use_cpu=True, report_to=[], save_strategy="epoch", seed=0)
     state = TrainerState(max_steps=STEPS_PER_EPOCH * EPOCHS, num_train_epochs=EPOCHS,
                          is_world_process_zero=rank == 0, is_local_process_zero=rank == 0)
-    handler = CallbackHandler([callback], model, tokenizer, optimizer, None)
+    handler = CallbackHandler(callbacks, model, tokenizer, optimizer, None)
     handler.train_dataloader = batches
     control = handler.on_init_end(args, state, TrainerControl())
     if checkpoint is not None:
@@ -162,7 +186,8 @@ def main():
     control = handler.on_train_begin(args, state, control)
     while state.global_step < state.max_steps:
         control = handler.on_step_begin(args, state, control)
-        loss, losses[state.global_step + 1] = step_loss(model, batches[state.global_step % STEPS_PER_EPOCH], world)
+        loss, losses[state.global_step + 1] = step_loss(model, batches[state.global_step % STEPS_PER_EPOCH], world,
+                                                        distillation)
         loss.backward()
         del loss  # a live graph would keep each parameter's gradient accumulator with its pre-shrink shape
         control = handler.on_pre_optimizer_step(args, state, control)
@@ -180,11 +205,18 @@ def main():
             os.kill(os.getpid(), signal.SIGKILL)
     handler.on_train_end(args, state, control)
     memory_end = local_bytes(model, optimizer)  # after a shrink at the end (finalize="shrink")
-    mask = callback.mask if opts.callback == "prune-shrink" else callback.final_mask
+    mask = callback.final_mask if opts.callback == "gates-shrink" else callback.mask
     agreed = [any_rank(rank == 0), any_rank(False)]  # the time cap's rule: one rank's decision is every rank's
     result = {"agreed": agreed, "mask": mask.to_dict(), "layout": find_heads(model).to_dict(), "world": world,
               "resumed_from": checkpoint, "steps": state.global_step, "losses": losses, "memory": memory,
               "memory_end": memory_end}
+    if distillation is not None:  # what each rank distilled from: a whole replica, not shards
+        teacher = list(distillation.teacher.parameters())
+        result["teacher"] = {"class": type(distillation.teacher).__name__,
+                             "sharded": any(isinstance(p, DTensor) for p in teacher),
+                             "parameters": sum(p.numel() for p in teacher), "flops": distillation.teacher_flops,
+                             "frozen": not any(p.requires_grad for p in teacher),
+                             "layout": find_heads(distillation.teacher).to_dict()}
     if opts.callback == "gates-shrink":
         result["log_alpha"] = {k: v.tolist() for k, v in callback.gates.state_dict().items()}
     weights = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True)) \
