@@ -12,6 +12,7 @@ from transformers import BertConfig, BertForSequenceClassification, GPT2Config, 
     TrainingArguments
 
 import prunetrain as pt
+from prunetrain.bench.step_flops import measured_step_flops
 from prunetrain.training.distillation import DistillationCallback, distillation_kl
 from test_training_flops import _batches, _marian, _pruning, _trainer, tiny_mt  # noqa: F401  (fixture)
 
@@ -143,11 +144,16 @@ def test_causal_lm_and_classifier(tmp_path):
     rows = [{"input_ids": i, "labels": torch.tensor(k % 3)} for k, i in enumerate(ids)]
     args = TrainingArguments(str(tmp_path / "bert"), max_steps=2, per_device_train_batch_size=8, report_to=[],
                              use_cpu=True, save_strategy="no", disable_tqdm=True)
-    callback = DistillationCallback(alpha=0.5)
+    teacher, seen = copy.deepcopy(bert), []
+    teacher.register_forward_pre_hook(
+        lambda module, args, kwargs: seen.append(dict(kwargs)) if not torch.is_grad_enabled() else None,
+        with_kwargs=True)  # the run's teacher calls (under no_grad), not the fit's probes
+    callback = DistillationCallback(teacher, alpha=0.5)
     trainer = Trainer(model=bert, args=args, train_dataset=rows, callbacks=[callback])
     trainer.train()
     assert trainer.state.global_step == 2 and callback.last["kl"] > 0
-    assert callback.teacher_flops is None  # the pooler's FLOPs do not grow with the length: not countable from shapes
+    # the pooler and the classifier act once per sequence (FLOPs ∝ batch, not length): counted exactly all the same
+    assert len(seen) == 2 and callback.teacher_flops == sum(measured_step_flops(teacher, k) for k in seen) > 0
 
 
 @pytest.mark.parametrize("kwargs,message", [

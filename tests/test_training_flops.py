@@ -59,6 +59,7 @@ def test_step_flops_polynomial_equals_flop_counter_and_closed_form(tiny_mt):
     batches = _batches(tiny_mt, model)
     fitted = StepFlopModel.fit(model, batches[0])
     assert all(isinstance(c, int) for c in fitted.coefficients) and fitted.two_streams
+    assert fitted.coefficients[0] == 0 and fitted.to_dict()["monomials"][0] == "B"
     for batch in batches[:3]:
         shape = batch_shape(model, batch)
         assert fitted(shape) == measured_step_flops(model, batch) == closed_form_marian(model, shape)
@@ -80,9 +81,31 @@ def test_step_flops_polynomial_equals_flop_counter_and_closed_form(tiny_mt):
 def test_step_flops_of_one_stream_models(family):
     model = tiny_model(family).train()
     fitted = StepFlopModel.fit(model, tiny_inputs(family, batch=2, length=7))
-    assert not fitted.two_streams and len(fitted.coefficients) == 2
+    assert not fitted.two_streams and len(fitted.coefficients) == 3
+    assert fitted.coefficients[0] == 0  # no product made once per sequence: every one grows with the length
     for batch, length in ((3, 11), (5, 4)):
         inputs = tiny_inputs(family, batch=batch, length=length, seed=batch)
+        assert fitted(batch_shape(model, inputs)) == measured_step_flops(model, inputs)
+
+
+def test_step_flops_of_a_classifier_count_what_acts_once_per_sequence():
+    """A BERT classifier's pooler and head act on one token per sequence: FLOPs ∝ B, a monomial of its own."""
+    from transformers import BertConfig, BertForSequenceClassification
+
+    torch.manual_seed(0)
+    model = BertForSequenceClassification(BertConfig(hidden_size=32, num_attention_heads=4, intermediate_size=64,
+                                                     num_hidden_layers=2, vocab_size=50, num_labels=3)).train()
+
+    def batch(rows, length, seed):
+        generator = torch.Generator().manual_seed(seed)
+        return {"input_ids": torch.randint(0, 50, (rows, length), generator=generator),
+                "attention_mask": torch.ones(rows, length, dtype=torch.long),
+                "labels": torch.randint(0, 3, (rows,), generator=generator)}
+
+    fitted = StepFlopModel.fit(model, batch(4, 9, 0))
+    assert fitted.coefficients[0] == 3 * (2 * 32 * 32 + 2 * 32 * 3)  # pooler + classifier, forward and backward
+    for rows, length in ((3, 11), (5, 4), (1, 16)):
+        inputs = batch(rows, length, rows)
         assert fitted(batch_shape(model, inputs)) == measured_step_flops(model, inputs)
 
 
@@ -95,7 +118,7 @@ class _DataDependent(nn.Module):
 
     def forward(self, input_ids, labels=None):
         x = torch.ones(input_ids.shape[0], 4)
-        for _ in range(int(input_ids.max())):
+        for _ in range(int(input_ids.sum()) % 7 + 1):  # the token values, not the shape, set the work
             x = x @ self.weight
         return (x.sum(),)
 

@@ -5,12 +5,12 @@ exact polynomial in the batch's shape. For a transformer every matrix product of
 `2·M·N·K` in which exactly one of M, N, K is the batch size B, and the others are widths (fixed by the model) or the
 padded sequence lengths — S for the encoder stream, T for the decoder stream. So the step's matmul FLOPs are
 
-    F(B, S, T) = B · (a·S + b·T + c·S² + d·T² + e·S·T)          (encoder–decoder)
-    F(B, S)    = B · (a·S + c·S²)                                (one stream: decoder-only or encoder-only)
+    F(B, S, T) = B · (p + a·S + b·T + c·S² + d·T² + e·S·T)      (encoder–decoder)
+    F(B, S)    = B · (p + a·S + c·S²)                            (one stream: decoder-only or encoder-only)
 
-(a, b: every linear layer, including cross-attention's key/value projections which see S tokens; c, d, e: the
-attention products QKᵀ and AV of self- and cross-attention; backward: the gradients of both operands of every
-product). `StepFlopModel.fit` measures F with `prunetrain.bench.flops` (torch's `FlopCounterMode`, exact for
+(p: the products made once per sequence, e.g. a classifier's pooler and head on its first token; a, b: every linear
+layer, including cross-attention's key/value projections which see S tokens; c, d, e: the attention products QKᵀ and
+AV of self- and cross-attention; backward: the gradients of both operands of every product). `StepFlopModel.fit` measures F with `prunetrain.bench.flops` (torch's `FlopCounterMode`, exact for
 matmuls) on a few tiny probe batches cut from a real batch, solves for the integer coefficients exactly, and checks
 them on two more probes with other batch sizes — a model whose FLOPs are not of this form (data-dependent routing,
 say) is refused rather than counted wrongly. A shrunk model has other coefficients: refit after every change of size.
@@ -33,7 +33,8 @@ __all__ = ["BatchShape", "StepFlopModel", "batch_shape", "measured_step_flops"]
 
 # (B, S, T) probes for the fit (as many independent monomials as coefficients) and for the check (other batch
 # sizes), for two streams and for one
-_FIT_PROBES = {True: ((1, 2, 2), (1, 2, 3), (1, 3, 2), (1, 3, 4), (1, 4, 3)), False: ((1, 2, 0), (1, 3, 0))}
+_FIT_PROBES = {True: ((1, 2, 2), (1, 2, 3), (1, 3, 2), (1, 3, 4), (1, 4, 3), (1, 2, 4)),
+               False: ((1, 2, 0), (1, 3, 0), (1, 4, 0))}
 _CHECK_PROBES = {True: ((2, 5, 3), (3, 3, 6)), False: ((2, 5, 0), (3, 6, 0))}
 
 
@@ -47,7 +48,7 @@ class BatchShape:
 
     def monomials(self, two_streams: bool) -> tuple[int, ...]:
         b, s, t = self.batch, self.source, self.target
-        return (b * s, b * t, b * s * s, b * t * t, b * s * t) if two_streams else (b * s, b * s * s)
+        return (b, b * s, b * t, b * s * s, b * t * t, b * s * t) if two_streams else (b, b * s, b * s * s)
 
 
 def _is_target_key(key: str, two_streams: bool) -> bool:
@@ -200,5 +201,6 @@ class StepFlopModel:
         return fitted
 
     def to_dict(self) -> dict:
-        return {"coefficients": list(self.coefficients), "two_streams": self.two_streams,
+        names = ("B", "B·S", "B·T", "B·S²", "B·T²", "B·S·T") if self.two_streams else ("B", "B·S", "B·S²")
+        return {"coefficients": list(self.coefficients), "monomials": list(names), "two_streams": self.two_streams,
                 "parameters": self.parameters}
