@@ -158,6 +158,24 @@ def test_a_budget_defined_study_end_to_end(tmp_path, multi30k_dir):
     for heading in ("## Arms", "## Equal training FLOPs", "## Paired bootstrap", "## Paired tests across seeds",
                     "## Selection on validation", "### Validation BLEU at the same FLOP points"):
         assert heading in markdown
+    # for selection runs: only what a choice may look at, the same choice, no test score anywhere in the output
+    picked = run_cli("compare", *(tmp_path / n for n in ["gradual-0", "gradual-1", "full-0", "scratch-0"]),
+                     "--names", "gradual,gradual,full,scratch", "--validation-only", "--output", tmp_path / "sel")
+    assert picked.returncode == 0, picked.stderr[-3000:]
+    chosen = json.loads((tmp_path / "sel" / "compare.json").read_text())
+    assert json.loads(picked.stdout) == {"output": str(tmp_path / "sel"), **chosen}
+    assert chosen["selection"] == data["selection"] and sorted(p.name for p in (tmp_path / "sel").iterdir()) == [
+        "compare.json", "compare.md"]
+    assert [a["valid_bleu"] for a in chosen["arms"]] == [a["valid_bleu"] for a in data["arms"]]
+    assert [r["valid_bleu"] for r in chosen["valid_at_flops"]] == [r["valid_bleu"] for r in data["equal_flops"]]
+
+    def keys(value):
+        if isinstance(value, dict):
+            return set(value) | {k for v in value.values() for k in keys(v)}
+        return {k for v in value for k in keys(v)} if isinstance(value, list) else set()
+    assert not {k for k in keys(chosen) if "test" in k or ("bleu" in k and not k.startswith("valid_"))
+                or "chrf" in k and not k.startswith("valid_") or k in ("delta", "p_value")}, keys(chosen)
+    assert "## Selection on validation" in (tmp_path / "sel" / "compare.md").read_text()
 
 
 def _study_script(tmp_path, script="payoff_study.sh", study="wmt-small-deen-study"):
@@ -171,7 +189,7 @@ def _study_script(tmp_path, script="payoff_study.sh", study="wmt-small-deen-stud
 
     root = tmp_path / "tree"
     (root / "scripts").mkdir(parents=True)
-    for name in (script, "keep_run.sh", "study_args.sh"):
+    for name in dict.fromkeys((script, "payoff_study.sh", "keep_run.sh", "study_args.sh")):
         shutil.copy(Path(__file__).resolve().parents[1] / "scripts" / name, root / "scripts")
     fake = root / ".venv" / "bin" / "prunetrain"
     fake.parent.mkdir(parents=True)
@@ -251,6 +269,58 @@ def test_payoff_study_runs_an_arm_for_a_training_time_budget_and_keeps_every_set
     for bad in ("0", "1.5", "x"):
         code, err, args, _ = run(["off", "1"], {"TIME_MINUTES": bad})
         assert (code, args) == (2, None) and err.startswith(f"payoff_study.sh: TIME_MINUTES '{bad}' is not"), err
+
+
+def test_selection_study_continues_from_what_is_kept_and_chooses_on_validation_only(tmp_path):
+    """scripts/selection_study.sh: the seven selection arms (seed 100) one after the other; kept arms skipped, an
+    interrupted run resumed, a finished but unkept one kept; a stop file stops it between runs; at the end
+    `prunetrain compare --validation-only` over all seven."""
+    import subprocess
+
+    root = tmp_path / "tree"
+    _study_script(tmp_path, "selection_study.sh")
+    fake = root / ".venv" / "bin" / "prunetrain"
+    fake.write_text('#!/usr/bin/env bash\necho "$*" >> calls.txt\nif [ "$1" = recipe ]; then out=${@: -1}; '
+                    '[ "$out" = --resume ] && out=${@: -2:1}; mkdir -p "$out/pruned"; for f in results.json report.md '
+                    'test_translations.json run_complete.json pruned/prunetrain_layout.json; do echo {} > "$out/$f"; '
+                    'done; else mkdir -p "${@: -1}"; fi\n')
+    kept = root / "recipes" / "results" / "wmt-small-deen-study"
+    for name in ("small-steps-cooldown-s100", "shrink-each-cooldown-s100"):
+        (kept / name).mkdir(parents=True)
+        (kept / name / "results.json").write_text("{}")
+    study = root / "checkpoints" / "study"
+    (study / "gradual-cooldown-s100").mkdir(parents=True)  # interrupted
+    finished = study / "early-cooldown-s100"
+    (finished / "pruned").mkdir(parents=True)
+    for f in ("results.json", "report.md", "test_translations.json", "run_complete.json", "pruned/prunetrain_layout.json"):
+        (finished / f).write_text("{}")
+
+    def run():
+        (root / "calls.txt").unlink(missing_ok=True)
+        done = subprocess.run(["bash", "scripts/selection_study.sh"], cwd=root, capture_output=True, text=True)
+        calls = (root / "calls.txt").read_text().splitlines() if (root / "calls.txt").is_file() else []
+        return done, calls
+
+    (study / "STOP_SELECTION").touch()
+    done, calls = run()
+    assert done.returncode == 0 and calls == [], done.stderr
+    assert "stopped before gradual-cooldown-s100" in done.stdout and not (study / "STOP_SELECTION").exists()
+    done, calls = run()
+    assert done.returncode == 0, done.stderr
+    recipes = [c for c in calls if c.startswith("recipe ")]
+    assert [c.split("--output ")[1] for c in recipes] == [
+        "checkpoints/study/gradual-cooldown-s100 --resume", "checkpoints/study/late-cooldown-s100",
+        "checkpoints/study/per-kind-cooldown-s100", "checkpoints/study/small-steps-s100"]
+    assert all("train.seed=100" in c and "train.max_minutes=150" in c for c in recipes)
+    assert "train.cooldown=0 " in recipes[-1] and all("train.cooldown=0.2 " in c for c in recipes[:-1])
+    assert (kept / "early-cooldown-s100" / "results.json").is_file()  # finished before: kept, not run again
+    names = ["small-steps-cooldown", "shrink-each-cooldown", "gradual-cooldown", "early-cooldown", "late-cooldown",
+             "per-kind-cooldown", "small-steps"]
+    assert calls[-1] == ("compare " + " ".join(f"recipes/results/wmt-small-deen-study/{n}-s100" for n in names)
+                         + f" --names {','.join(names)} --validation-only --output checkpoints/study/selection-s100")
+    done, calls = run()  # everything kept: only the comparison again, the older one moved aside
+    assert done.returncode == 0 and len(calls) == 1 and calls[0].startswith("compare "), done.stderr
+    assert len(list(study.glob("selection-s100-*"))) == 1
 
 
 def test_compress_study_runs_each_arm_from_the_seeds_full_model(tmp_path):

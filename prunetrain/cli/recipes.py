@@ -92,6 +92,10 @@ def compare(
     names: Optional[str] = typer.Option(None, help="Comma-separated run names (default: the directory names); runs "
                                                    "sharing a name are seeds of one arm (mean ± sd, paired tests)."),
     bootstrap_samples: int = typer.Option(1000, help="Resamples of the paired bootstrap between final models."),
+    validation_only: bool = typer.Option(False, "--validation-only",
+                                         help="Only what a choice may look at: validation BLEU/chrF, validation BLEU "
+                                              "at equal FLOPs and the arm validation chooses; no test score is read "
+                                              "into the output (for selection runs)."),
 ):
     """Recipe runs side by side: BLEU at equal training FLOPs, equal steps and equal training time, seeds as mean ±
     sd, every test set (BLEU, chrF), paired t-test and sign-flip test across seeds, paired bootstrap between final
@@ -101,7 +105,13 @@ def compare(
     check_positive(bootstrap_samples=bootstrap_samples)
     output_paths.check_disjoint(output, {f"run {str(run)!r}": run for run in runs})  # never into or around a run
     labels = [n.strip() for n in names.split(",")] if names is not None else None  # '' is refused, not ignored
-    result = write_comparison(runs, output, labels, samples=bootstrap_samples)
+    result = write_comparison(runs, output, labels, samples=bootstrap_samples, validation_only=validation_only)
+    if validation_only:
+        from prunetrain.mt.compare_validation import validation_markdown
+
+        typer.echo(validation_markdown(result), err=True)
+        emit({"output": str(output), **result}, None)
+        return
     typer.echo(comparison_markdown(result), err=True)
     emit({"output": str(output), "arms": result["arms"], "equal_flops": result["equal_flops"],
            "paired_tests": result["paired_tests"], "test_sets": result["test_sets"], "seed_tests": result["seed_tests"],

@@ -283,7 +283,7 @@ def _num(value, digits: int = 1) -> str:
 
 
 def write_comparison(run_dirs: list[str | Path], output: str | Path, names: list[str] | None = None, *,
-                     samples: int = 1000) -> dict:
+                     samples: int = 1000, validation_only: bool = False) -> dict:
     """Compare finished recipe runs (the first is the reference) and write `compare.json`, `compare.md` and
     `compare.png` into `output` (created; an existing non-empty directory is refused before anything is written).
 
@@ -293,15 +293,18 @@ def write_comparison(run_dirs: list[str | Path], output: str | Path, names: list
         names: a name per run (default: the directories' names); runs that share a name are seeds of one arm,
             summarised over seeds and tested against the first arm (`prunetrain.mt.compare_arms`).
         samples: resamples of the paired bootstrap between final models.
+        validation_only: keep only what a choice may look at (`prunetrain.mt.compare_validation`): no test score
+            is computed or written, and no figure (it plots test BLEU).
     """
     from prunetrain.mt.report import training_figure
 
     from prunetrain.mt.compare_arms import compare_arms
     from prunetrain.utils.output_paths import replace_directory, staging_directory
 
-    from prunetrain.utils.validate import check_int
+    from prunetrain.utils.validate import check_bool, check_int
 
     check_int("samples", samples, 1)
+    check_bool("validation_only", validation_only)
     if isinstance(run_dirs, (str, bytes)):
         raise ValueError(f"runs: {run_dirs!r} is one path; give a list of run directories (the reference first).")
     run_dirs = list(run_dirs)
@@ -319,6 +322,8 @@ def write_comparison(run_dirs: list[str | Path], output: str | Path, names: list
     output = Path(output)
     if output.exists() and (not output.is_dir() or any(output.iterdir())):
         raise ValueError(f"output: {str(output)!r} already exists and is not empty; choose a new directory.")
+    if validation_only:
+        return _write_validation_only(names, loaded, output)
     arms = compare_arms(names, loaded, run_dirs, samples=samples)
     labels = run_labels(names, loaded)
     runs = dict(zip(labels, loaded))
@@ -334,6 +339,20 @@ def write_comparison(run_dirs: list[str | Path], output: str | Path, names: list
             (built / "figures").rmdir()
         (built / "compare.json").write_text(json.dumps(comparison, indent=1))
         (built / "compare.md").write_text(comparison_markdown(comparison) + "\n![BLEU over training time](compare.png)\n")
+        replace_directory(built, output)
+    return comparison
+
+
+def _write_validation_only(names: list[str], loaded: list[dict], output: Path) -> dict:
+    from prunetrain.mt.compare_validation import validation_comparison, validation_markdown
+    from prunetrain.utils.output_paths import replace_directory, staging_directory
+
+    comparison = validation_comparison(names, loaded)
+    with staging_directory(output) as staging:
+        built = staging / "out"
+        built.mkdir()
+        (built / "compare.json").write_text(json.dumps(comparison, indent=1))
+        (built / "compare.md").write_text(validation_markdown(comparison))
         replace_directory(built, output)
     return comparison
 

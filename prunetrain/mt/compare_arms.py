@@ -253,4 +253,5 @@ def compare_arms(names: list[str], runs: list[dict], run_dirs: list[str | Path],
             "selection": validation_selection(arms)}
 
 
-__all__ = ["arms_markdown", "compare_arms", "fmt_stat", "flop_targets", "group_arms", "mean_sd", "value_at_flops"]
+__all__ = ["arms_markdown", "compare_arms", "equal_flops_table", "flops_scale", "fmt_stat", "flop_targets", "group_arms",
+           "mean_sd", "summarize_arm", "value_at_flops"]
