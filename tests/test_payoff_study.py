@@ -292,7 +292,8 @@ def test_selection_study_continues_from_what_is_kept_and_chooses_on_validation_o
     (study / "gradual-cooldown-s100").mkdir(parents=True)  # interrupted
     finished = study / "early-cooldown-s100"
     (finished / "pruned").mkdir(parents=True)
-    for f in ("results.json", "report.md", "test_translations.json", "run_complete.json", "pruned/prunetrain_layout.json"):
+    for f in ("results.json", "report.md", "test_translations.json", "run_complete.json",
+              "pruned/prunetrain_layout.json"):
         (finished / f).write_text("{}")
 
     def run():

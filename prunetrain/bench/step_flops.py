@@ -10,9 +10,10 @@ padded sequence lengths — S for the encoder stream, T for the decoder stream. 
 
 (p: the products made once per sequence, e.g. a classifier's pooler and head on its first token; a, b: every linear
 layer, including cross-attention's key/value projections which see S tokens; c, d, e: the attention products QKᵀ and
-AV of self- and cross-attention; backward: the gradients of both operands of every product). `StepFlopModel.fit` measures F with `prunetrain.bench.flops` (torch's `FlopCounterMode`, exact for
-matmuls) on a few tiny probe batches cut from a real batch, solves for the integer coefficients exactly, and checks
-them on two more probes with other batch sizes — a model whose FLOPs are not of this form (data-dependent routing,
+AV of self- and cross-attention; backward: the gradients of both operands of every product). `StepFlopModel.fit`
+measures F with `prunetrain.bench.flops` (torch's `FlopCounterMode`, exact for matmuls) on a few tiny probe batches
+cut from a real batch, solves for the integer coefficients exactly, and checks them on two more probes with other
+batch sizes — a model whose FLOPs are not of this form (data-dependent routing,
 say) is refused rather than counted wrongly. A shrunk model has other coefficients: refit after every change of size.
 
 Masked heads are still computed (a mask zeroes their output), so they count; removed heads do not.
