@@ -34,6 +34,7 @@ def _env() -> dict:
     env = dict(os.environ)
     env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
     env["OMP_NUM_THREADS"] = "1"
+    env["PYTHONFAULTHANDLER"] = "1"  # a rank that crashes in native code prints its Python stack
     return env
 
 
@@ -50,7 +51,7 @@ def _torchrun(script: Path, *args: str) -> list[str]:
 
 def _run(command: list[str], cwd: Path) -> subprocess.CompletedProcess:
     done = subprocess.run(command, cwd=cwd, env=_env(), capture_output=True, text=True, timeout=600)
-    assert done.returncode == 0, done.stderr[-4000:]
+    assert done.returncode == 0, done.stderr[-12000:]
     return done
 
 
