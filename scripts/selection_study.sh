@@ -6,7 +6,8 @@
 #   bash scripts/selection_study.sh
 #
 # - an arm already kept in recipes/results/wmt-small-deen-study/ is skipped; an arm whose run directory exists
-#   without a kept result is resumed (RESUME=1) from its last checkpoint (kept, if it had finished);
+#   without a kept result is resumed (RESUME=1) from its last checkpoint (kept, if it had finished; started again,
+#   if it stopped before its first checkpoint);
 # - `touch checkpoints/study/STOP_SELECTION` stops it before the next run (the file is removed when seen);
 # - MAX_MINUTES (default 150) is every run's wall-time guard (train.max_minutes; a slow machine needs a long one);
 # - when every arm is kept, `prunetrain compare --validation-only` ranks them by final validation BLEU into
@@ -40,8 +41,8 @@ for entry in "${arms[@]}"; do
     bash scripts/keep_run.sh "checkpoints/study/$name-s$seed" "$kept/$name-s$seed"
     continue
   fi
-  resume=0
-  [ -d "checkpoints/study/$name-s$seed" ] && resume=1
+  resume=0  # a run stopped before its first checkpoint has nothing to resume: the recipe replaces it
+  compgen -G "checkpoints/study/$name-s$seed/checkpoint-*" > /dev/null && resume=1
   echo "selection: $name-s$seed (resume=$resume) from $(date -u +%FT%TZ)"
   MAX_MINUTES=${MAX_MINUTES:-150} RESUME=$resume COOLDOWN=$cooldown bash scripts/payoff_study.sh "$arm" "$seed"
 done

@@ -289,7 +289,8 @@ def test_selection_study_continues_from_what_is_kept_and_chooses_on_validation_o
         (kept / name).mkdir(parents=True)
         (kept / name / "results.json").write_text("{}")
     study = root / "checkpoints" / "study"
-    (study / "gradual-cooldown-s100").mkdir(parents=True)  # interrupted
+    (study / "gradual-cooldown-s100" / "checkpoint-454").mkdir(parents=True)  # interrupted after a checkpoint
+    (study / "late-cooldown-s100").mkdir(parents=True)  # stopped before its first checkpoint: started again
     finished = study / "early-cooldown-s100"
     (finished / "pruned").mkdir(parents=True)
     for f in ("results.json", "report.md", "test_translations.json", "run_complete.json",
