@@ -37,6 +37,8 @@ __all__ = ["BatchShape", "StepFlopModel", "batch_shape", "measured_step_flops"]
 _FIT_PROBES = {True: ((1, 2, 2), (1, 2, 3), (1, 3, 2), (1, 3, 4), (1, 4, 3), (1, 2, 4)),
                False: ((1, 2, 0), (1, 3, 0), (1, 4, 0))}
 _CHECK_PROBES = {True: ((2, 5, 3), (3, 3, 6)), False: ((2, 5, 0), (3, 6, 0))}
+# the terms of `BatchShape.monomials`, in its order (two streams, one)
+_MONOMIAL_NAMES = {True: ("B", "B·S", "B·T", "B·S²", "B·T²", "B·S·T"), False: ("B", "B·S", "B·S²")}
 
 
 @dataclass(frozen=True)
@@ -202,6 +204,6 @@ class StepFlopModel:
         return fitted
 
     def to_dict(self) -> dict:
-        names = ("B", "B·S", "B·T", "B·S²", "B·T²", "B·S·T") if self.two_streams else ("B", "B·S", "B·S²")
-        return {"coefficients": list(self.coefficients), "monomials": list(names), "two_streams": self.two_streams,
+        return {"coefficients": list(self.coefficients), "monomials": list(_MONOMIAL_NAMES[self.two_streams]),
+                "two_streams": self.two_streams,
                 "parameters": self.parameters}

@@ -323,36 +323,27 @@ def write_comparison(run_dirs: list[str | Path], output: str | Path, names: list
     if output.exists() and (not output.is_dir() or any(output.iterdir())):
         raise ValueError(f"output: {str(output)!r} already exists and is not empty; choose a new directory.")
     if validation_only:
-        return _write_validation_only(names, loaded, output)
-    arms = compare_arms(names, loaded, run_dirs, samples=samples)
-    labels = run_labels(names, loaded)
-    runs = dict(zip(labels, loaded))
-    comparison = dict(compare_runs(runs), **arms)
-    first, *others = labels
+        from prunetrain.mt.compare_validation import validation_comparison, validation_markdown
+
+        comparison, runs = validation_comparison(names, loaded), None
+        markdown = validation_markdown(comparison)
+    else:
+        arms = compare_arms(names, loaded, run_dirs, samples=samples)
+        runs = dict(zip(run_labels(names, loaded), loaded))
+        comparison = dict(compare_runs(runs), **arms)
+        markdown = comparison_markdown(comparison) + "\n![BLEU over training time](compare.png)\n"
     with staging_directory(output) as staging:  # built beside it and renamed in whole: a failure leaves nothing
         built = staging / "out"
         built.mkdir()
-        figure = training_figure(built, dict(runs[first], trained_name=_plot_label(first)),
-                                 {_plot_label(n): runs[n] for n in others})
-        if figure:
-            (built / figure).replace(built / "compare.png")
-            (built / "figures").rmdir()
+        if runs is not None:  # the figure plots test BLEU: not for a validation-only comparison
+            first, *others = runs
+            figure = training_figure(built, dict(runs[first], trained_name=_plot_label(first)),
+                                     {_plot_label(n): runs[n] for n in others})
+            if figure:
+                (built / figure).replace(built / "compare.png")
+                (built / "figures").rmdir()
         (built / "compare.json").write_text(json.dumps(comparison, indent=1))
-        (built / "compare.md").write_text(comparison_markdown(comparison) + "\n![BLEU over training time](compare.png)\n")
-        replace_directory(built, output)
-    return comparison
-
-
-def _write_validation_only(names: list[str], loaded: list[dict], output: Path) -> dict:
-    from prunetrain.mt.compare_validation import validation_comparison, validation_markdown
-    from prunetrain.utils.output_paths import replace_directory, staging_directory
-
-    comparison = validation_comparison(names, loaded)
-    with staging_directory(output) as staging:
-        built = staging / "out"
-        built.mkdir()
-        (built / "compare.json").write_text(json.dumps(comparison, indent=1))
-        (built / "compare.md").write_text(validation_markdown(comparison))
+        (built / "compare.md").write_text(markdown)
         replace_directory(built, output)
     return comparison
 

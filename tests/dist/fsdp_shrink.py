@@ -98,22 +98,15 @@ def step_loss(model, batch, world: int, distillation=None):
     loss (1 − α)·CE + α·T²·KL, both terms over every rank's label tokens)."""
     outputs = model(**{k: v for k, v in batch.items() if k != "labels"})
     labels = batch["labels"]
-    if distillation is not None:
-        items = (labels != -100).sum().float()
-        if world > 1:
-            dist.all_reduce(items)
-        loss = distillation.loss_func(token_sum_loss)(outputs, labels, num_items_in_batch=items)
-        value = loss.detach().clone()
-        if world > 1:
-            dist.all_reduce(value)
-        return loss * world, float(value)
-    logits = outputs.logits
-    total = torch.nn.functional.cross_entropy(logits.flatten(0, 1).float(), labels.flatten(), ignore_index=-100,
-                                              reduction="sum")
-    counts = torch.stack([(labels != -100).sum().float(), total.detach()])
+    items = (labels != -100).sum().float()
     if world > 1:
-        dist.all_reduce(counts)
-    return total * world / counts[0], float(counts[1] / counts[0])
+        dist.all_reduce(items)
+    compute = token_sum_loss if distillation is None else distillation.loss_func(token_sum_loss)
+    loss = compute(outputs, labels, num_items_in_batch=items)
+    value = loss.detach().clone()
+    if world > 1:
+        dist.all_reduce(value)
+    return loss * world, float(value)
 
 
 def save_checkpoint(out: Path, model, optimizer, args, state, handler, control, rank: int, world: int) -> None:
