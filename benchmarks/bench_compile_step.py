@@ -30,26 +30,31 @@ from profile_recipe_step import LAYOUT, recipe_model_and_batches
 
 from prunetrain import HeadMask, find_heads, shrink
 from prunetrain.bench import count_flops
+from prunetrain.utils.device import default_device
 
 
 class Arm:
     """A model with its own AdamW; `step(batch)` trains one step (clipping at 1.0 as the Trainer does) and returns
     its seconds."""
 
-    def __init__(self, model, bf16: bool, compiled: bool):
+    def __init__(self, model, bf16: bool, compile_mode: str | None, device: torch.device):
         self.model = model.train()
         self.optimizer = torch.optim.AdamW(model.parameters(), lr=1e-5)
-        self.forward = torch.compile(model) if compiled else model
-        self.bf16 = bf16
+        self.forward = torch.compile(model, mode=compile_mode) if compile_mode else model
+        self.bf16, self.device = bf16, device
 
     def step(self, batch) -> float:
+        if self.device.type == "cuda":  # CUDA is asynchronous: time from an idle device to an idle device
+            torch.cuda.synchronize(self.device)
         start = time.perf_counter()
-        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=self.bf16):
+        with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.bf16):
             loss = self.forward(**batch).loss
         loss.backward()
         torch.nn.utils.clip_grad_norm_(self.model.parameters(), 1.0)
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
         return time.perf_counter() - start
 
 
@@ -57,10 +62,15 @@ def main() -> None:
     p = C.parser(__doc__.splitlines()[0], repeats=4)
     p.add_argument("--precision", choices=("bf16", "fp32"), default="fp32")
     p.add_argument("--num-batches", type=int, default=6)
+    p.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto", help="auto: CUDA when present")
+    p.add_argument("--mode", choices=("default", "reduce-overhead", "max-autotune-no-cudagraphs"), default="default",
+                   help="torch.compile mode (reduce-overhead: CUDA graphs, for steps bound by kernel launches)")
     args = p.parse_args()
     C.quiet_transformers()
     env = C.setup(args)
+    device = default_device() if args.device == "auto" else torch.device(args.device)
     model, batches = recipe_model_and_batches(64, 3 if args.quick else args.num_batches)
+    model, batches = model.to(device), [batch.to(device) for batch in batches]
     kept = {s["name"]: s["num_heads"] for s in json.loads(LAYOUT.read_text())["sites"]}
     small = copy.deepcopy(model)
     shrink(small, HeadMask.from_heads(small, {s.name: range(kept[s.name], s.num_heads) for s in find_heads(small)}))
@@ -69,11 +79,13 @@ def main() -> None:
     for m in sizes.values():
         m.zero_grad(set_to_none=True)
     bf16 = args.precision == "bf16"
-    arms = {(size, compiled): Arm(copy.deepcopy(m), bf16, compiled) for size, m in sizes.items()
-            for compiled in (False, True)}
+    arms = {(size, compiled): Arm(copy.deepcopy(m), bf16, args.mode if compiled else None, device)
+            for size, m in sizes.items() for compiled in (False, True)}
     first: dict = {}
     for key, arm in arms.items():  # the first pass over the batches: every shape once (compiles, warms up)
         first[key] = [arm.step(batch) for batch in batches]
+        print(f"first pass, {key[0]} heads, {'compiled' if key[1] else 'plain'}: {sum(first[key]):.1f} s "
+              f"over {len(batches)} batches", flush=True)  # a run cut at a time limit still tells the compile cost
     times = {key: [] for key in arms}
     keys = list(arms)
     for r in range(1 if args.quick else args.repeats):
@@ -93,8 +105,11 @@ def main() -> None:
     for row in rows:
         print(f"{row['heads']:>5} {str(row['compiled']):>8} {row['step_s']:7.3f} {row['compile_s']:18.1f} "
               f"{row['compile_speedup']:9.3f} {row['speed_vs_144']:7.3f} {row['flop_ideal']:6.3f}")
-    C.write_json(C.output_path(args, f"compile_step_{args.precision}"), {
+    where = "" if device.type == "cpu" else f"_{device.type}"
+    mode = "" if args.mode == "default" else f"_{args.mode}"
+    C.write_json(C.output_path(args, f"compile_step_{args.precision}{where}{mode}"), {
         "command": C.command_line(), **env, "threads": torch.get_num_threads(), "precision": args.precision,
+        "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu", "mode": args.mode,
         "batches": len(batches), "quick": args.quick, "rows": rows})
 
 

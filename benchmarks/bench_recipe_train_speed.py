@@ -31,6 +31,8 @@ def main() -> None:
     p.add_argument("--steps", type=int, default=4, help="training steps per timed call")
     p.add_argument("--precision", choices=["auto", "bf16", "fp32"], default="auto")
     p.add_argument("--attn", choices=["eager", "sdpa"], default="eager", help="attention kernel (the recipe: eager)")
+    p.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto",
+                   help="where the models train (auto: CUDA when present, as the recipe's Trainer does)")
     args = p.parse_args()
     busy = C.wait_for_idle(args.wait_idle) if args.wait_idle else None
     if args.threads:
@@ -38,15 +40,16 @@ def main() -> None:
 
     from prunetrain.mt.data import build_dataset, load_tokenizer, make_collator, read_parallel
     from prunetrain.mt.translation import find_tokenizer_dir, load_translation_model
-    from prunetrain.utils.device import use_bf16
+    from prunetrain.utils.device import default_device, use_bf16
 
     tokenizer = load_tokenizer(find_tokenizer_dir(args.models[0]))
     pairs = read_parallel(args.data_dir, "train", limit=args.batch * args.num_batches * (1 if args.quick else 4))
-    bf16 = use_bf16(args.precision)
-    autocast = (lambda: torch.autocast("cpu", dtype=torch.bfloat16)) if bf16 else None
+    device = default_device() if args.device == "auto" else torch.device(args.device)
+    bf16 = use_bf16(args.precision, device)
+    autocast = (lambda: torch.autocast(device.type, dtype=torch.bfloat16)) if bf16 else None
     arms, flops, heads = {}, {}, {}
     for index, directory in enumerate(args.models):
-        model = load_translation_model(directory).train()
+        model = load_translation_model(directory, device=device).train()
         model.set_attn_implementation(args.attn)
         dataset = build_dataset(pairs, tokenizer, max_length=128)
         collate = make_collator(tokenizer, model)
@@ -54,7 +57,7 @@ def main() -> None:
         order = sorted(range(len(dataset)), key=lambda i: len(dataset[i]["input_ids"]))
         chunks = [order[i:i + args.batch] for i in range(0, len(order) - args.batch + 1, args.batch)]
         chunks = [chunks[round(k * (len(chunks) - 1) / max(1, args.num_batches - 1))] for k in range(args.num_batches)]
-        batches = [collate([dataset[i] for i in chunk]) for chunk in chunks]
+        batches = [collate([dataset[i] for i in chunk]).to(device) for chunk in chunks]
         name = f"{index}:{find_heads(model).total_heads}heads"
         trainer = Trainer(model, torch.optim.AdamW(model.parameters(), lr=1e-5), batches, autocast)
 
@@ -66,7 +69,7 @@ def main() -> None:
         heads[name] = find_heads(model).summary()
         flops[name] = count_flops(lambda m=model, b=batches[0]: m(**b).loss.backward()).total
         model.zero_grad(set_to_none=True)
-    result = alternate(arms, warmup=args.warmup, repeats=args.repeats)
+    result = alternate(arms, warmup=args.warmup, repeats=args.repeats, device=device)
     names = list(arms)
     times = {n: [t / args.steps for t in result.times[n]] for n in names}
     rows = []
@@ -77,6 +80,7 @@ def main() -> None:
                      "speedup_pair_q3": cmp["speedup_pair_q3"], "flop_ideal": flops[names[0]] / flops[name]})
     out = {"models": args.models, "reference": names[0], "reference_step_seconds": summarize(times[names[0]]),
            "reference_heads": heads[names[0]], "batch": args.batch, "precision": "bf16" if bf16 else "fp32",
+           "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
            "attn_implementation": args.attn, "threads": torch.get_num_threads(), "repeats": args.repeats, "steps_per_call": args.steps,
            "busy_at_start": busy, "command": C.command_line(), "rows": rows}
     path = C.output_path(args, "recipe_train_speed")

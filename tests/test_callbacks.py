@@ -21,6 +21,7 @@ from prunetrain.mt.metrics import bleu_metric
 from prunetrain.training.callbacks import HardConcreteCallback, HeadPruningCallback, PruningCurveCallback
 from prunetrain.mt.data import build_dataset, make_collator, marian_config, read_parallel, train_tokenizer
 from prunetrain.utils.plots import read_image_tags, read_scalars
+from test_distributed import _run as run_ranks, _torchrun
 
 TINY_SCRIPT = Path(__file__).parent / "dist" / "train_tiny.py"
 
@@ -451,11 +452,8 @@ def test_killed_and_resumed_run_ends_with_the_same_masks(tmp_path, multi30k_dir,
 @pytest.mark.parametrize("mode", ["prune-mask", "gates"])
 def test_ddp_ranks_hold_identical_masks_and_only_rank0_writes(tmp_path, multi30k_dir, mode):
     out = tmp_path / "ddp"
-    command = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port",
-               str(29500 + os.getpid() % 1000), str(TINY_SCRIPT), "--data", str(multi30k_dir), "--callback", mode,
-               "--out", str(out), "--epochs", "2" if mode == "gates" else "4"]
-    done = _run(command, tmp_path, _env())
-    assert done.returncode == 0, done.stderr[-4000:]
+    done = run_ranks(_torchrun(TINY_SCRIPT, "--data", str(multi30k_dir), "--callback", mode, "--out", str(out),
+                               "--epochs", "2" if mode == "gates" else "4"), tmp_path)
     r0 = json.loads((out / "rank0_result.json").read_text())
     r1 = json.loads((out / "rank1_result.json").read_text())
     assert r0["mask"] == r1["mask"]

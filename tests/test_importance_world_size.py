@@ -9,24 +9,15 @@ the sample itself (examples and batches scored) is identical. The worker is `tes
 from __future__ import annotations
 
 import json
-import os
-import socket
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from test_distributed import _free_port, _run as run_ranks
 
 pytestmark = [pytest.mark.distributed, pytest.mark.slow]
 
 WORKER = Path(__file__).parent / "dist" / "importance_world_size.py"
-ROOT = Path(__file__).resolve().parents[1]
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _launch(kind: str) -> list[str]:
@@ -44,10 +35,8 @@ def _launch(kind: str) -> list[str]:
 
 def _run(tmp_path: Path, kind: str, per_device: int, accum: int) -> dict:
     out = tmp_path / f"{kind}-{per_device}x{accum}"
-    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
     command = [*_launch(kind), str(WORKER), "--out", str(out), "--per-device", str(per_device), "--accum", str(accum)]
-    done = subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
-    assert done.returncode == 0, done.stderr[-4000:]
+    run_ranks(command, tmp_path)
     return json.loads((out / "result.json").read_text())
 
 

@@ -23,6 +23,7 @@ import torch
 from safetensors.torch import save_file
 from transformers import MarianMTModel, Seq2SeqTrainer, Seq2SeqTrainingArguments, TrainerCallback
 
+from process_group import end_process_group  # tests/dist, the script's own folder
 from prunetrain.engine.heads import find_heads
 from prunetrain.mt.data import build_dataset, make_collator, marian_config, read_parallel, train_tokenizer
 from prunetrain.training import (GateTraining, HardConcreteCallback, HeadPruningCallback, Importance, Schedule,
@@ -104,3 +105,4 @@ def main():
 
 if __name__ == "__main__":
     main()
+    end_process_group()

@@ -16,6 +16,7 @@ from pathlib import Path
 import torch
 import transformers
 
+from process_group import end_process_group  # tests/dist, the script's own folder
 from prunetrain.training import HeadPruningCallback, Importance, Schedule
 
 GLOBAL_BATCH = 8
@@ -81,3 +82,4 @@ class _Pad:
 
 if __name__ == "__main__":
     main()
+    end_process_group()

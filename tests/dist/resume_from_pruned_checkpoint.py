@@ -18,6 +18,7 @@ import torch
 from transformers import (AutoModelForCausalLM, DataCollatorForLanguageModeling, Qwen2Config, Qwen2ForCausalLM,
                           Trainer, TrainerCallback, TrainingArguments)
 
+from process_group import end_process_group  # tests/dist, the script's own folder
 from prunetrain import HeadPruningCallback, Importance, Output, Schedule, find_heads, last_complete_checkpoint
 from prunetrain.mt.data import read_parallel, train_tokenizer
 
@@ -77,3 +78,4 @@ def main():
 
 if __name__ == "__main__":
     main()
+    end_process_group()

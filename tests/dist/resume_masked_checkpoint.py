@@ -22,6 +22,7 @@ import torch
 from transformers import (AutoModelForCausalLM, DataCollatorForLanguageModeling, Qwen2Config, Qwen2ForCausalLM,
                           Trainer, TrainerCallback, TrainingArguments)
 
+from process_group import end_process_group  # tests/dist, the script's own folder
 from prunetrain import (HardConcreteCallback, HeadPruningCallback, attached_masks, find_heads,
                         last_complete_checkpoint, restore_layout)
 from prunetrain.engine.mask import owner_label
@@ -137,3 +138,4 @@ def main():
 
 if __name__ == "__main__":
     main()
+    end_process_group()

@@ -18,6 +18,7 @@ from pathlib import Path
 import torch
 from transformers import MarianMTModel, Seq2SeqTrainer, Seq2SeqTrainingArguments, TrainerCallback
 
+from process_group import end_process_group  # tests/dist, the script's own folder
 from prunetrain.mt.data import build_dataset, make_collator, marian_config, read_parallel, train_tokenizer
 from prunetrain.training.cooldown import TrainTimeCooldownCallback
 from prunetrain.training.metric_points import MetricPointsCallback
@@ -87,3 +88,4 @@ def main():
 
 if __name__ == "__main__":
     main()
+    end_process_group()

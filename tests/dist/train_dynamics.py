@@ -15,6 +15,7 @@ from pathlib import Path
 import torch
 from transformers import MarianMTModel, Seq2SeqTrainer, Seq2SeqTrainingArguments, TrainerCallback
 
+from process_group import end_process_group  # tests/dist, the script's own folder
 from prunetrain.engine.heads import find_heads
 from prunetrain.mt.data import build_dataset, make_collator, marian_config, read_parallel, train_tokenizer
 from prunetrain.training.callbacks import HeadPruningCallback, last_complete_checkpoint, restore_layout
@@ -72,3 +73,4 @@ def main():
 
 if __name__ == "__main__":
     main()
+    end_process_group()

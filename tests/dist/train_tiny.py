@@ -12,6 +12,7 @@ from pathlib import Path
 import torch
 from transformers import MarianMTModel, Seq2SeqTrainer, Seq2SeqTrainingArguments
 
+from process_group import end_process_group  # tests/dist, the script's own folder
 from prunetrain.training.callbacks import HardConcreteCallback, HeadPruningCallback, last_complete_checkpoint, restore_layout
 from prunetrain.training.options import GateTraining, Importance, Schedule
 from prunetrain.mt.data import build_dataset, make_collator, marian_config, read_parallel, train_tokenizer
@@ -79,3 +80,4 @@ def main():
 
 if __name__ == "__main__":
     main()
+    end_process_group()

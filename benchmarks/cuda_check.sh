@@ -1,0 +1,49 @@
+#!/usr/bin/env bash
+# The CUDA path in one go, on a machine with an NVIDIA GPU and this checkout (run from the repository root; nothing is
+# installed: the checkout is put on PYTHONPATH). Each step is bounded and a failed step does not stop the next:
+#   1. the main recipe's smoke preset on CUDA (the Trainer picks the GPU; bf16 autocast where the GPU supports it):
+#      masks, a mid-training shrink, BLEU over training, report, benchmark;
+#   2. the training-step speed of the main job's two architectures (FULL_DIR, 144 heads; PRUNED_DIR, 36), CUDA bf16,
+#      interleaved (benchmarks/bench_recipe_train_speed.py): the recipe's batch (64, eager attention as the recipe
+#      runs it), then sdpa, then a GPU-sized batch of 256. The models get fresh weights (benchmarks/fresh_weights.py),
+#      so the two directories need only their configs, layouts and tokenizers;
+#   3. with MAIN_SECONDS > 0: the main job itself, `prunetrain recipe wmt-small-deen`, cut after MAIN_SECONDS.
+# Output in OUT: cuda_check.log (versions, every step's output), smoke_report.md, speed_*.json, main_report.md.
+#
+#   bash benchmarks/cuda_check.sh OUT DATA_DIR FULL_DIR PRUNED_DIR [MAIN_SECONDS]
+set -uo pipefail
+out=$1 data=$2 full=$3 pruned=$4 main_seconds=${5:-0}
+export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
+work=$(mktemp -d)
+log="$out/cuda_check.log"
+step() { echo "== $(date -u +%T) $*" | tee -a "$log"; }
+
+step "versions"
+{ nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
+  python -c "import torch, transformers, sys; print(sys.version.split()[0], 'torch', torch.__version__,
+'cuda', torch.version.cuda, 'transformers', transformers.__version__, 'bf16', torch.cuda.is_bf16_supported())"
+  nproc; } >> "$log" 2>&1
+
+step "1. smoke recipe on CUDA"
+timeout 240 python -m prunetrain recipe wmt-small-deen --smoke --data-dir "$data" --output "$work/smoke" >> "$log" 2>&1
+echo "rc=$?" >> "$log"
+cp "$work/smoke/report.md" "$out/smoke_report.md" 2>> "$log"
+
+step "2. training-step speed, full vs pruned, CUDA bf16"
+python benchmarks/fresh_weights.py "$full" "$work/full" >> "$log" 2>&1
+python benchmarks/fresh_weights.py "$pruned" "$work/pruned" >> "$log" 2>&1
+for setting in "64 eager" "64 sdpa" "256 eager"; do
+  set -- $setting
+  timeout 120 python benchmarks/bench_recipe_train_speed.py "$work/full" "$work/pruned" --data-dir "$data" \
+    --device cuda --precision bf16 --batch "$1" --attn "$2" --out "$out/speed_b$1_$2.json" >> "$log" 2>&1
+  echo "rc=$?" >> "$log"
+done
+
+if [ "$main_seconds" -gt 0 ]; then
+  step "3. the main job on CUDA, cut after $main_seconds s"
+  timeout "$main_seconds" python -m prunetrain recipe wmt-small-deen --data-dir "$data" --output "$work/main" \
+    >> "$log" 2>&1
+  echo "rc=$?" >> "$log"
+  cp "$work/main/report.md" "$out/main_report.md" 2>> "$log"
+fi
+step "done"
