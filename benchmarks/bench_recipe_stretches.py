@@ -56,8 +56,8 @@ class StepLog:
             def on_step_begin(inner, args, state, control, model=None, **kwargs):
                 self._parameters = sum(p.numel() for p in model.parameters())  # the size the step trains
 
-            def on_step_end(inner, args, state, control, model=None, **kwargs):
-                self.on_step_end(state, model)
+            def on_step_end(inner, args, state, control, **kwargs):
+                self.on_step_end(state)
 
         self.callback, self.clock, self.rows = _Callback(), clock, []
         self._seconds = self._flops = 0.0
@@ -71,7 +71,7 @@ class StepLog:
         clock.on_step_end = timed_on_step_end
         self._after_clock = None
 
-    def on_step_end(self, state, model) -> None:  # noqa: ARG002 (the size is taken at the step's begin)
+    def on_step_end(self, state) -> None:  # the model's size is taken at the step's begin
         step_seconds = self.clock.step_seconds - self._seconds
         flops = self.clock.flops - self._flops
         self._seconds, self._flops = self.clock.step_seconds, self.clock.flops

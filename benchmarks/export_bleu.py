@@ -7,7 +7,7 @@ format `prunetrain export --check` allows, loaded the way a user without prunetr
 operator, `prunetrain.export.onnx_beam_op`, and by the Python loop over the KV-cache graph,
 `prunetrain.export.onnx_beam`), CTranslate2 (`prunetrain.export.ctranslate2.translate_ctranslate2`) — and decoded
 on the same test sentences. Beam 4 and greedy for every format, and beam 4 with `early_stopping=True` (the stopping
-rule the BeamSearch operator reproduces) for prunetrain and ONNX Runtime; the table gives BLEU, the number of
+rule the BeamSearch operator and CTranslate2 follow) for prunetrain and ONNX Runtime; the table gives BLEU, the number of
 hypotheses identical to prunetrain's own decode with the same settings, and sentences per second (one pass, same
 threads). `--speed-rounds N` times beam-4 translation with PyTorch and ONNX Runtime interleaved, under both stopping
 rules (speed-ups against PyTorch with the same rule).
@@ -163,12 +163,15 @@ def main() -> None:
                 if args.speed_rounds > 0:
                     speed = beam_speed(source, out, tokenizer, sources, args)
                 continue
-            if fmt == "ctranslate2":  # the engine's own beam search and length rule (docs/export.md)
+            if fmt == "ctranslate2":  # the engine's own beam search and length rule (docs/export.md): a beam
+                # ends when it holds `beam_size` finished hypotheses, transformers' early_stopping=True, so its beam
+                # row is compared with prunetrain's decode under that rule
                 from prunetrain.export.ctranslate2 import translate_ctranslate2
 
                 for beams in (4, 1):
-                    score(fmt, "ctranslate2.Translator (float32)", beams, lambda: translate_ctranslate2(
-                        out, sources, num_beams=beams, batch_size=args.batch_size, threads=args.threads))
+                    how = "ctranslate2.Translator (float32" + (", its rule: early_stopping=True)" if beams > 1 else ")")
+                    score(fmt, how, beams, lambda: translate_ctranslate2(
+                        out, sources, num_beams=beams, batch_size=args.batch_size, threads=args.threads), beams > 1)
                 continue
             remote = fmt == "remote-code"
             model = AutoModelForSeq2SeqLM.from_pretrained(out, trust_remote_code=remote).eval()

@@ -24,7 +24,7 @@ from torch import nn
 from prunetrain.utils.device import bf16_is_fast, device_of
 
 
-def native_precisions(device: torch.device) -> list[str]:
+def _native_precisions(device: torch.device) -> list[str]:
     """The precisions this hardware trains in natively: bf16 autocast only where it is fast, fp32 always."""
     return ["bf16", "fp32"] if bf16_is_fast(device) else ["fp32"]
 
@@ -49,7 +49,7 @@ def time_training(model: nn.Module, batches: Sequence[Mapping], precisions: Sequ
     device = device_of(model)
     own = model.config._attn_implementation
     attentions = list(dict.fromkeys(attentions or [own]))
-    native = native_precisions(device)
+    native = _native_precisions(device)
     wanted = list(dict.fromkeys(precisions or native))
     usable = [p for p in wanted if p in native] or ["fp32"]
     candidates = [(p, a) for p in usable for a in attentions]
@@ -92,4 +92,4 @@ def _step(model: nn.Module, optimizer, batch: Mapping, bf16: bool, device: torch
     return time.perf_counter() - start
 
 
-__all__ = ["native_precisions", "time_training"]
+__all__ = ["time_training"]
