@@ -41,6 +41,9 @@
 # longer one to finish a run, which a guard that fires would cut (a resume may change it).
 # RESUME=1 continues an interrupted run of the arm (`prunetrain recipe --resume`; its minutes then count only the
 # resumed part).
+# STUDY=NAME (default study) puts the run in checkpoints/NAME/ and keeps it in recipes/results/wmt-small-deen-NAME/
+# (a scratch arm reads its architecture from there too): a new study's runs never meet an earlier one's of the same
+# name (scripts/proof_study.sh: STUDY=proof).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/study_args.sh payoff_study.sh "$@"
@@ -66,6 +69,9 @@ if [ -n "${MAX_MINUTES:-}" ]; then
   budget+=(--set "train.max_minutes=$MAX_MINUTES")
 fi
 case "${RESUME:-0}" in 0|1) ;; *) fail "RESUME '${RESUME}' is not 0 or 1" ;; esac
+study=${STUDY:-study}
+[[ "$study" =~ ^[a-z0-9][a-z0-9-]*$ ]] || fail "STUDY '$study' is not a name of lower-case letters, digits and -"
+kept=recipes/results/wmt-small-deen-$study
 off=(--set 'pruning.schedule_steps={}' --set 'pruning.shrink_steps=[]')
 gradual=(--set 'pruning.schedule_steps={400: 0.25, 600: 0.5, 800: 0.625, 1000: 0.75}' --set 'pruning.shrink_steps=[600, 1000]')
 case "$arm" in
@@ -74,7 +80,7 @@ case "$arm" in
   gradual) sets=("${gradual[@]}") ;;
   off) sets=("${off[@]}") ;;
   scratch) sets=("${off[@]}" --set
-                 "pruning.init_layout=recipes/results/wmt-small-deen-study/${SCRATCH_FROM:-gradual}$suffix-s$seed/layout.json") ;;
+                 "pruning.init_layout=$kept/${SCRATCH_FROM:-gradual}$suffix-s$seed/layout.json") ;;
   random-init) sets=("${off[@]}" --set pruning.init_heads=36) ;;
   prune-then-finetune) sets=(--set 'pruning.schedule_steps={1200: 0.75}' --set 'pruning.shrink_steps=[1200]') ;;
   l0) sets=(--set pruning.method=l0) ;;
@@ -89,7 +95,7 @@ esac
 name=$arm
 [ "$arm" = scratch ] && [ "${SCRATCH_FROM:-gradual}" != gradual ] && name="scratch-of-$SCRATCH_FROM"
 sets+=(--set "train.cooldown=$cooldown" "${budget[@]}"); name="$name$suffix"
-out="checkpoints/study/$name-s$seed"
+out="checkpoints/$study/$name-s$seed"
 resume=(); [ "${RESUME:-0}" = 1 ] && resume=(--resume)
 .venv/bin/prunetrain recipe wmt-small-deen --set "train.seed=$seed" "${sets[@]}" --output "$out" "${resume[@]}"
-bash scripts/keep_run.sh "$out" "recipes/results/wmt-small-deen-study/$name-s$seed"
+bash scripts/keep_run.sh "$out" "$kept/$name-s$seed"

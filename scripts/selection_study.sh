@@ -7,45 +7,25 @@
 #
 # - an arm already kept in recipes/results/wmt-small-deen-study/ is skipped; an arm whose run directory exists
 #   without a kept result is resumed (RESUME=1) from its last checkpoint (kept, if it had finished; started again,
-#   if it stopped before its first checkpoint);
-# - `touch checkpoints/study/STOP_SELECTION` stops it before the next run (the file is removed when seen);
+#   if it stopped before its first checkpoint) (scripts/study_runs.sh);
+# - `touch checkpoints/study/STOP` stops it before the next run (the file is removed when seen);
 # - MAX_MINUTES (default 150) is every run's wall-time guard (train.max_minutes; a slow machine needs a long one);
 # - when every arm is kept, `prunetrain compare --validation-only` ranks them by final validation BLEU into
 #   checkpoints/study/selection-s100/ (a new directory each time: an older one is moved aside with its date): the
-#   arm it names becomes the default. No test score of these runs is read to choose.
+#   arm it names becomes the default (DEFAULT= of scripts/proof_study.sh). No test score of these runs is read to
+#   choose.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 seed=100
-kept=recipes/results/wmt-small-deen-study
-stop=checkpoints/study/STOP_SELECTION
+source scripts/study_runs.sh study
 # ARM COOLDOWN: the six schedules with the cooldown, and the current default without it
 arms=("small-steps 0.2" "shrink-each 0.2" "gradual 0.2" "early 0.2" "late 0.2" "per-kind 0.2" "small-steps 0")
-dirs=()
 names=()
 for entry in "${arms[@]}"; do
   read -r arm cooldown <<< "$entry"
   name=$arm
   [ "$cooldown" = 0 ] || name=$arm-cooldown
-  dirs+=("$kept/$name-s$seed")
   names+=("$name")
-  if [ -f "$kept/$name-s$seed/results.json" ]; then
-    echo "selection: $name-s$seed is kept already"
-    continue
-  fi
-  if [ -e "$stop" ]; then
-    rm -f "$stop"
-    echo "selection: stopped before $name-s$seed ($stop was there)"
-    exit 0
-  fi
-  if [ -f "checkpoints/study/$name-s$seed/run_complete.json" ]; then  # finished, but not kept
-    bash scripts/keep_run.sh "checkpoints/study/$name-s$seed" "$kept/$name-s$seed"
-    continue
-  fi
-  resume=0  # a run stopped before its first checkpoint has nothing to resume: the recipe replaces it
-  compgen -G "checkpoints/study/$name-s$seed/checkpoint-*" > /dev/null && resume=1
-  echo "selection: $name-s$seed (resume=$resume) from $(date -u +%FT%TZ)"
-  MAX_MINUTES=${MAX_MINUTES:-150} RESUME=$resume COOLDOWN=$cooldown bash scripts/payoff_study.sh "$arm" "$seed"
+  run_arm "$name" "$arm" "$seed" COOLDOWN="$cooldown"
 done
-out=checkpoints/study/selection-s$seed
-[ -e "$out" ] && mv "$out" "$out-$(date -u +%Y%m%dT%H%M%S)"
-.venv/bin/prunetrain compare "${dirs[@]}" --names "$(IFS=,; echo "${names[*]}")" --validation-only --output "$out"
+compare_arms "selection-s$seed" "$seed" --validation-only -- "${names[@]}"

@@ -189,7 +189,7 @@ def _study_script(tmp_path, script="payoff_study.sh", study="wmt-small-deen-stud
 
     root = tmp_path / "tree"
     (root / "scripts").mkdir(parents=True)
-    for name in dict.fromkeys((script, "payoff_study.sh", "keep_run.sh", "study_args.sh")):
+    for name in dict.fromkeys((script, "payoff_study.sh", "keep_run.sh", "study_args.sh", "study_runs.sh")):
         shutil.copy(Path(__file__).resolve().parents[1] / "scripts" / name, root / "scripts")
     fake = root / ".venv" / "bin" / "prunetrain"
     fake.parent.mkdir(parents=True)
@@ -271,6 +271,14 @@ def test_payoff_study_runs_an_arm_for_a_training_time_budget_and_keeps_every_set
         assert (code, args) == (2, None) and err.startswith(f"payoff_study.sh: TIME_MINUTES '{bad}' is not"), err
 
 
+# a stand-in for .venv/bin/prunetrain in a scratch tree: appends each command line to calls.txt; `recipe` writes the
+# files a finished run has into its --output, `compare` makes its --output directory
+RECORDING_PRUNETRAIN = (
+    '#!/usr/bin/env bash\necho "$*" >> calls.txt\nif [ "$1" = recipe ]; then out=${@: -1}; [ "$out" = --resume ] && '
+    'out=${@: -2:1}; mkdir -p "$out/pruned"; for f in results.json report.md test_translations.json run_complete.json '
+    'pruned/prunetrain_layout.json; do echo {} > "$out/$f"; done; else mkdir -p "${@: -1}"; fi\n')
+
+
 def test_selection_study_continues_from_what_is_kept_and_chooses_on_validation_only(tmp_path):
     """scripts/selection_study.sh: the seven selection arms (seed 100) one after the other; kept arms skipped, an
     interrupted run resumed, a finished but unkept one kept; a stop file stops it between runs; at the end
@@ -280,10 +288,7 @@ def test_selection_study_continues_from_what_is_kept_and_chooses_on_validation_o
     root = tmp_path / "tree"
     _study_script(tmp_path, "selection_study.sh")
     fake = root / ".venv" / "bin" / "prunetrain"
-    fake.write_text('#!/usr/bin/env bash\necho "$*" >> calls.txt\nif [ "$1" = recipe ]; then out=${@: -1}; '
-                    '[ "$out" = --resume ] && out=${@: -2:1}; mkdir -p "$out/pruned"; for f in results.json report.md '
-                    'test_translations.json run_complete.json pruned/prunetrain_layout.json; do echo {} > "$out/$f"; '
-                    'done; else mkdir -p "${@: -1}"; fi\n')
+    fake.write_text(RECORDING_PRUNETRAIN)
     kept = root / "recipes" / "results" / "wmt-small-deen-study"
     for name in ("small-steps-cooldown-s100", "shrink-each-cooldown-s100"):
         (kept / name).mkdir(parents=True)
@@ -303,10 +308,10 @@ def test_selection_study_continues_from_what_is_kept_and_chooses_on_validation_o
         calls = (root / "calls.txt").read_text().splitlines() if (root / "calls.txt").is_file() else []
         return done, calls
 
-    (study / "STOP_SELECTION").touch()
+    (study / "STOP").touch()
     done, calls = run()
     assert done.returncode == 0 and calls == [], done.stderr
-    assert "stopped before gradual-cooldown-s100" in done.stdout and not (study / "STOP_SELECTION").exists()
+    assert "stopped before gradual-cooldown-s100" in done.stdout and not (study / "STOP").exists()
     done, calls = run()
     assert done.returncode == 0, done.stderr
     recipes = [c for c in calls if c.startswith("recipe ")]
@@ -323,6 +328,68 @@ def test_selection_study_continues_from_what_is_kept_and_chooses_on_validation_o
     done, calls = run()  # everything kept: only the comparison again, the older one moved aside
     assert done.returncode == 0 and len(calls) == 1 and calls[0].startswith("compare "), done.stderr
     assert len(list(study.glob("selection-s100-*"))) == 1
+
+
+def test_proof_study_runs_five_seeds_of_three_arms_at_equal_flops_then_equal_time(tmp_path):
+    """scripts/proof_study.sh: the chosen default, the full model and the default's architecture from scratch, seeds
+    0–4, at equal FLOPs and then at equal wall-clock, in a study of its own (the payoff study's runs of the same names
+    are neither skipped nor overwritten, the scratch arm reads the proof's own layouts); each question compared with
+    the default first once its fifteen runs are kept; a bad DEFAULT is one line, exit 2, before anything runs."""
+    import os
+    import subprocess
+
+    root = tmp_path / "tree"
+    _study_script(tmp_path, "proof_study.sh")
+    fake = root / ".venv" / "bin" / "prunetrain"
+    fake.write_text(RECORDING_PRUNETRAIN)
+    earlier = root / "recipes" / "results" / "wmt-small-deen-study" / "small-steps-cooldown-s0"
+    earlier.mkdir(parents=True)
+    (earlier / "results.json").write_text('{"earlier": true}')
+
+    def run(env):
+        (root / "calls.txt").unlink(missing_ok=True)
+        done = subprocess.run(["bash", "scripts/proof_study.sh"], cwd=root, capture_output=True, text=True,
+                              env={**os.environ, **env})
+        calls = (root / "calls.txt").read_text().splitlines() if (root / "calls.txt").is_file() else []
+        return done, calls
+
+    for env, message in [({}, "DEFAULT '' is not one of the selection's arms"),
+                         ({"DEFAULT": "off"}, "DEFAULT 'off' is not one of the selection's arms"),
+                         ({"DEFAULT": "gradual", "TIME_MINUTES": "0"}, "TIME_MINUTES '0' is not a positive"),
+                         ({"DEFAULT": "gradual", "PRECISION": "fp8"}, "PRECISION 'fp8' is not one of")]:
+        done, calls = run(env)
+        assert done.returncode == 2 and calls == [], (env, done.stderr)
+        assert done.stderr.startswith(f"proof_study.sh: {message}") and done.stderr.count("\n") == 1, done.stderr
+    (root / "checkpoints" / "proof").mkdir(parents=True)
+    (root / "checkpoints" / "proof" / "STOP").touch()
+    done, calls = run({"DEFAULT": "small-steps"})
+    assert done.returncode == 0 and calls == [] and "stopped before small-steps-cooldown-s0" in done.stdout
+    done, calls = run({"DEFAULT": "small-steps"})
+    assert done.returncode == 0, done.stderr
+    flops = ["small-steps-cooldown", "off-cooldown", "scratch-of-small-steps-cooldown"]
+    time = [name + "-time20min-measure" for name in flops]
+    kept = "recipes/results/wmt-small-deen-proof"
+    recipes = [c for c in calls if c.startswith("recipe ")]
+    assert [c.split("--output ")[1] for c in recipes] == [
+        f"checkpoints/proof/{name}-s{seed}" for names in (flops, time) for seed in range(5) for name in names]
+    assert all("train.cooldown=0.2 " in c for c in recipes)
+    assert all("train.max_train_minutes=20 " in c and "train.precision=measure " in c for c in recipes[15:])
+    assert not any("max_train_minutes" in c or "train.precision" in c for c in recipes[:15])
+    for seed in range(5):
+        assert f"pruning.init_layout={kept}/small-steps-cooldown-s{seed}/layout.json " in recipes[3 * seed + 2]
+        assert f"pruning.init_layout={kept}/small-steps-cooldown-time20min-measure-s{seed}/layout.json " in \
+            recipes[15 + 3 * seed + 2]
+    compares = [c for c in calls if c.startswith("compare ")]
+    for compare, names, out in [(compares[0], flops, "equal-flops"), (compares[1], time, "equal-time")]:
+        assert compare == ("compare " + " ".join(f"{kept}/{n}-s{seed}" for n in names for seed in range(5))
+                           + " --names " + ",".join(n for n in names for _ in range(5))
+                           + f" --output checkpoints/proof/{out}")
+    assert calls.index(compares[0]) == 15 and calls.index(compares[1]) == 31
+    assert (earlier / "results.json").read_text() == '{"earlier": true}'
+    assert len(list((root / kept).iterdir())) == 30
+    done, calls = run({"DEFAULT": "small-steps"})  # everything kept: the two comparisons again, older ones aside
+    assert done.returncode == 0 and [c.split()[0] for c in calls] == ["compare", "compare"], done.stderr
+    assert len(list((root / "checkpoints" / "proof").glob("equal-*-*"))) == 2
 
 
 def test_compress_study_runs_each_arm_from_the_seeds_full_model(tmp_path):

@@ -63,8 +63,10 @@ class TimeCapCallback(TrainerCallback):
         self._start_flops = self.budget.flops if self.budget is not None else 0
 
     def _expected_budget_end(self, step: int, done: int) -> int | None:
-        """The step at which the FLOP budget runs out at the FLOPs per step of this session so far (an upper
-        bound on the FLOPs of later steps: pruning only makes steps cheaper, so the run may go a little further)."""
+        """The step at which the FLOP budget runs out at the FLOPs per step of this session so far. Usually an
+        early estimate: pruning only makes later steps cheaper, and the Trainer's length-grouped sampler starts with
+        its longest batches (the main recipe's full model: near step 1388 after 20 steps, where its budget ends at
+        1800), so the run goes further."""
         if self.budget is None or not self.budget.max_flops:
             return None
         per_step = (self.budget.flops - self._start_flops) / done
@@ -106,9 +108,11 @@ class TimeCapCallback(TrainerCallback):
                 callback.expect_end(self.expected_end_step)
         elif self.budget_end_step and (not self.planned_steps or self.budget_end_step < self.planned_steps):
             logger.warning("prunetrain: the FLOP budget of %.4g training FLOPs is expected to end the run near step "
-                           "%d (at the FLOPs per step so far; pruning makes later steps cheaper); the time cap of "
-                           "%.1f min would come later (near step %d at %.2f steps/s)", self.budget.max_flops,
-                           self.budget_end_step, self.max_minutes, expected, self.steps_per_second)
+                           "%d (at the FLOPs per step of the first %d steps: a lower bound when a length-grouped "
+                           "sampler starts with its longest batches, as the Trainer's does, or pruning makes later "
+                           "steps cheaper); the time cap of %.1f min would come later (near step %d at %.2f steps/s)",
+                           self.budget.max_flops, self.budget_end_step, self.measure_steps, self.max_minutes,
+                           expected, self.steps_per_second)
 
     def on_train_end(self, args, state, control, **kwargs):
         self.last_step, self.last_epoch = int(state.global_step), float(state.epoch or 0)

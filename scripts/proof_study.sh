@@ -1,0 +1,48 @@
+#!/usr/bin/env bash
+# Steps 2 and 3 of the proof in recipes/wmt-small-deen.md, once the selection (step 1, scripts/selection_study.sh) has
+# chosen the default on validation: the default (DEFAULT, the arm the selection chose), the full model (`off`) and the
+# default's final architecture from scratch (`scratch`, SCRATCH_FROM=DEFAULT), all with the cooldown (0.2), five seeds
+# (0–4), one run at a time, alone on the machine:
+#   1. at equal training FLOPs (the recipe's budget; its precision, bf16 autocast where the hardware has it), then
+#   2. at equal wall-clock: TIME_MINUTES (default 20) of training each, PRECISION (default measure: each run times
+#      bf16 autocast and fp32 and trains in the faster).
+# Runs go to checkpoints/proof/ and are kept in recipes/results/wmt-small-deen-proof/, apart from the payoff study's
+# runs of the same names (those lack validation and the 2017 test sets). It continues from what is there, like
+# selection_study.sh (scripts/study_runs.sh): `touch checkpoints/proof/STOP` stops it before the next run. When a
+# question's fifteen runs are kept, `prunetrain compare` (the default first: per-seed differences default − baseline,
+# paired t-test and sign-flip test across seeds, paired bootstrap per seed, every test set) writes
+# checkpoints/proof/equal-flops/ or checkpoints/proof/equal-time/.
+#
+#   DEFAULT=small-steps bash scripts/proof_study.sh
+set -euo pipefail
+cd "$(dirname "$0")/.."
+fail() { echo "proof_study.sh: $*" >&2; exit 2; }
+default=${DEFAULT:-}
+case "$default" in
+  small-steps|shrink-each|gradual|early|late|per-kind) ;;
+  *) fail "DEFAULT '$default' is not one of the selection's arms (small-steps, shrink-each, gradual, early, late, per-kind): name the arm checkpoints/study/selection-s100/compare.md chooses" ;;
+esac
+minutes=${TIME_MINUTES:-20}
+[[ "$minutes" =~ ^[1-9][0-9]*$ ]] || fail "TIME_MINUTES '$minutes' is not a positive whole number of minutes"
+precision=${PRECISION:-measure}
+case "$precision" in auto|bf16|fp32|measure) ;; *) fail "PRECISION '$precision' is not one of auto, bf16, fp32, measure" ;; esac
+seeds="0 1 2 3 4"
+source scripts/study_runs.sh proof
+
+flops=-cooldown
+for seed in $seeds; do
+  run_arm "$default$flops" "$default" "$seed" COOLDOWN=0.2
+  run_arm "off$flops" off "$seed" COOLDOWN=0.2
+  run_arm "scratch-of-$default$flops" scratch "$seed" COOLDOWN=0.2 SCRATCH_FROM="$default"
+done
+compare_arms equal-flops "$seeds" -- "$default$flops" "off$flops" "scratch-of-$default$flops"
+
+time=-cooldown-time${minutes}min
+[ "$precision" = auto ] || time="$time-$precision"  # as payoff_study.sh names the run
+for seed in $seeds; do
+  run_arm "$default$time" "$default" "$seed" COOLDOWN=0.2 TIME_MINUTES="$minutes" PRECISION="$precision"
+  run_arm "off$time" off "$seed" COOLDOWN=0.2 TIME_MINUTES="$minutes" PRECISION="$precision"
+  run_arm "scratch-of-$default$time" scratch "$seed" COOLDOWN=0.2 TIME_MINUTES="$minutes" PRECISION="$precision" \
+    SCRATCH_FROM="$default"
+done
+compare_arms equal-time "$seeds" -- "$default$time" "off$time" "scratch-of-$default$time"

@@ -1,0 +1,55 @@
+# Sourced by the scripts that run a study's arms one after the other (selection_study.sh, proof_study.sh), each run
+# through scripts/payoff_study.sh, so that they can be stopped and started again across days:
+#
+#   source scripts/study_runs.sh STUDY            runs in checkpoints/STUDY/, kept in recipes/results/wmt-small-deen-STUDY/
+#   run_arm NAME ARM SEED [VAR=VALUE ...]         NAME as payoff_study.sh names the run (ARM[-cooldown][-timeMmin]...);
+#                                                 the VARs (COOLDOWN, TIME_MINUTES, ...) go to payoff_study.sh
+#   compare_arms OUT "SEED ..." [options] -- NAME...
+#                                                 `prunetrain compare` over the kept runs NAME-sSEED (every name with
+#                                                 every seed, in that order; the first name is the reference) into
+#                                                 checkpoints/STUDY/OUT (an older one is moved aside with its date)
+#
+# run_arm skips a run kept already, keeps one that finished but was not kept, resumes (RESUME=1) one that holds a
+# checkpoint, starts one that stopped before its first checkpoint again (the recipe replaces it), and exits (0) before
+# starting a run when checkpoints/STUDY/STOP is there (the file is removed when seen). MAX_MINUTES (default 150) is
+# every run's wall-time guard.
+study=$1
+kept=recipes/results/wmt-small-deen-$study
+stop=checkpoints/$study/STOP
+
+run_arm() {
+  local name=$1 arm=$2 seed=$3
+  shift 3
+  if [ -f "$kept/$name-s$seed/results.json" ]; then
+    echo "$study: $name-s$seed is kept already"
+    return
+  fi
+  if [ -e "$stop" ]; then
+    rm -f "$stop"
+    echo "$study: stopped before $name-s$seed ($stop was there)"
+    exit 0
+  fi
+  local out=checkpoints/$study/$name-s$seed
+  if [ -f "$out/run_complete.json" ]; then  # finished, but not kept
+    bash scripts/keep_run.sh "$out" "$kept/$name-s$seed"
+    return
+  fi
+  local resume=0
+  compgen -G "$out/checkpoint-*" > /dev/null && resume=1
+  echo "$study: $name-s$seed (resume=$resume) from $(date -u +%FT%TZ)"
+  env "$@" STUDY="$study" MAX_MINUTES="${MAX_MINUTES:-150}" RESUME=$resume bash scripts/payoff_study.sh "$arm" "$seed"
+}
+
+compare_arms() {
+  local out=checkpoints/$study/$1 seeds=$2
+  shift 2
+  local options=()
+  while [ "$1" != -- ]; do options+=("$1"); shift; done
+  shift
+  local dirs=() names=() name seed
+  for name in "$@"; do
+    for seed in $seeds; do dirs+=("$kept/$name-s$seed"); names+=("$name"); done
+  done
+  [ -e "$out" ] && mv "$out" "$out-$(date -u +%Y%m%dT%H%M%S)"
+  .venv/bin/prunetrain compare "${dirs[@]}" --names "$(IFS=,; echo "${names[*]}")" "${options[@]}" --output "$out"
+}
