@@ -125,6 +125,23 @@ def fraction_kept(fraction_removed: float) -> Callable[[object], int]:
     return lambda site: site.num_heads - int(round(fraction_removed * site.num_heads))
 
 
+def add_device_option(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto",
+                   help="where the models run (auto: CUDA when present, as the recipe's Trainer does)")
+
+
+def chosen_device(args) -> torch.device:
+    """The device `--device` names (`add_device_option`); auto is CUDA when present."""
+    from prunetrain.utils.device import default_device
+
+    return default_device() if args.device == "auto" else torch.device(args.device)
+
+
+def device_label(device: torch.device) -> str:
+    """What a result's JSON records as its device: the GPU's name, or cpu."""
+    return torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
+
+
 def output_path(args, name: str) -> Path:
     return args.out if args.out is not None else RESULTS / (f"{name}_quick.json" if args.quick else f"{name}.json")
 

@@ -30,7 +30,6 @@ from profile_recipe_step import LAYOUT, recipe_model_and_batches
 
 from prunetrain import HeadMask, find_heads, shrink
 from prunetrain.bench import count_flops
-from prunetrain.utils.device import default_device
 
 
 class Arm:
@@ -62,13 +61,13 @@ def main() -> None:
     p = C.parser(__doc__.splitlines()[0], repeats=4)
     p.add_argument("--precision", choices=("bf16", "fp32"), default="fp32")
     p.add_argument("--num-batches", type=int, default=6)
-    p.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto", help="auto: CUDA when present")
+    C.add_device_option(p)
     p.add_argument("--mode", choices=("default", "reduce-overhead", "max-autotune-no-cudagraphs"), default="default",
                    help="torch.compile mode (reduce-overhead: CUDA graphs, for steps bound by kernel launches)")
     args = p.parse_args()
     C.quiet_transformers()
     env = C.setup(args)
-    device = default_device() if args.device == "auto" else torch.device(args.device)
+    device = C.chosen_device(args)
     model, batches = recipe_model_and_batches(64, 3 if args.quick else args.num_batches)
     model, batches = model.to(device), [batch.to(device) for batch in batches]
     kept = {s["name"]: s["num_heads"] for s in json.loads(LAYOUT.read_text())["sites"]}
@@ -109,7 +108,7 @@ def main() -> None:
     mode = "" if args.mode == "default" else f"_{args.mode}"
     C.write_json(C.output_path(args, f"compile_step_{args.precision}{where}{mode}"), {
         "command": C.command_line(), **env, "threads": torch.get_num_threads(), "precision": args.precision,
-        "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu", "mode": args.mode,
+        "device": C.device_label(device), "mode": args.mode,
         "batches": len(batches), "quick": args.quick, "rows": rows})
 
 

@@ -31,8 +31,7 @@ def main() -> None:
     p.add_argument("--steps", type=int, default=4, help="training steps per timed call")
     p.add_argument("--precision", choices=["auto", "bf16", "fp32"], default="auto")
     p.add_argument("--attn", choices=["eager", "sdpa"], default="eager", help="attention kernel (the recipe: eager)")
-    p.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto",
-                   help="where the models train (auto: CUDA when present, as the recipe's Trainer does)")
+    C.add_device_option(p)
     args = p.parse_args()
     busy = C.wait_for_idle(args.wait_idle) if args.wait_idle else None
     if args.threads:
@@ -40,11 +39,11 @@ def main() -> None:
 
     from prunetrain.mt.data import build_dataset, load_tokenizer, make_collator, read_parallel
     from prunetrain.mt.translation import find_tokenizer_dir, load_translation_model
-    from prunetrain.utils.device import default_device, use_bf16
+    from prunetrain.utils.device import use_bf16
 
     tokenizer = load_tokenizer(find_tokenizer_dir(args.models[0]))
     pairs = read_parallel(args.data_dir, "train", limit=args.batch * args.num_batches * (1 if args.quick else 4))
-    device = default_device() if args.device == "auto" else torch.device(args.device)
+    device = C.chosen_device(args)
     bf16 = use_bf16(args.precision, device)
     autocast = (lambda: torch.autocast(device.type, dtype=torch.bfloat16)) if bf16 else None
     arms, flops, heads = {}, {}, {}
@@ -80,7 +79,7 @@ def main() -> None:
                      "speedup_pair_q3": cmp["speedup_pair_q3"], "flop_ideal": flops[names[0]] / flops[name]})
     out = {"models": args.models, "reference": names[0], "reference_step_seconds": summarize(times[names[0]]),
            "reference_heads": heads[names[0]], "batch": args.batch, "precision": "bf16" if bf16 else "fp32",
-           "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
+           "device": C.device_label(device),
            "attn_implementation": args.attn, "threads": torch.get_num_threads(), "repeats": args.repeats, "steps_per_call": args.steps,
            "busy_at_start": busy, "command": C.command_line(), "rows": rows}
     path = C.output_path(args, "recipe_train_speed")

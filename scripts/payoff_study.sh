@@ -4,10 +4,11 @@
 #
 #   bash scripts/payoff_study.sh ARM SEED        e.g. bash scripts/payoff_study.sh off 1
 #
-# The run directory is checkpoints/study/ARM-sSEED (git-ignored); what the comparison needs (results.json, report.md,
-# test_translations.json, final_translations/ with the validation and every test set's translations, the final
-# layout) is copied to recipes/results/wmt-small-deen-study/ARM-sSEED when the run is complete; the final model stays
-# in the run directory (git-ignored). Run one at a time on a quiet machine (timings are recorded).
+# The run directory is checkpoints/STUDY/ARM-sSEED (git-ignored; STUDY below, default study); what the comparison
+# needs (results.json, report.md, test_translations.json, final_translations/ with the validation and every test set's
+# translations, the final layout) is copied to recipes/results/wmt-small-deen-STUDY/ARM-sSEED when the run is
+# complete; the final model stays in the run directory (git-ignored). Run one at a time on a quiet machine (timings
+# are recorded).
 # Arms:
 #   small-steps          the main recipe's schedule, the default since the study chose it: 12.5 % of the heads masked
 #                        every 100 steps from step 300 to 800, shrinks at 400/600/800, 36 of 144 heads
