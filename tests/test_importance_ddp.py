@@ -9,9 +9,6 @@ synchronisation, to show that the all-reduce matters) to OUT_DIR.
 
 from __future__ import annotations
 
-import os
-import socket
-import subprocess
 import sys
 from pathlib import Path
 
@@ -61,19 +58,11 @@ def _worker(out: Path) -> None:
     dist.destroy_process_group()
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.mark.distributed
 def test_two_ranks_get_identical_scores_equal_to_one_process(tmp_path):
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore"}
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_addr", "127.0.0.1",
-           "--master_port", str(_free_port()), __file__, str(tmp_path)]
-    run = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
-    assert run.returncode == 0, f"torchrun failed:\n{run.stdout[-3000:]}\n{run.stderr[-5000:]}"
+    from test_distributed import _run, _torchrun  # the shared launcher: faulthandler in every rank, a free port
+
+    _run(_torchrun(Path(__file__), str(tmp_path)), tmp_path)
 
     batches = make_batches()
     model = tiny_model(FAMILY)

@@ -18,6 +18,7 @@ import torch
 from torch import nn
 
 from prunetrain.engine import peft_support
+from prunetrain.engine.compile_room import make_room_for_layouts
 from prunetrain.engine.heads import LAYOUT_CONFIG_KEY, AttentionSite, HeadLayout, attention_sites, find_heads, unwrap_model
 from prunetrain.engine.kv_cache import track_headless_cache
 from prunetrain.engine.mask import HeadMask, attached_masks, stray_mask_hooks
@@ -130,6 +131,8 @@ def shrink(
       parameter objects kept (`prunetrain.engine.sharded`).
     - If `mask` is attached to `model` it is detached first (its zeros are now physical). Any other attached
       HeadMask is an error, since it would no longer match the model's shape.
+    - torch.compile's recompile limits are raised to hold a graph for every layer layout shrunk models in this
+      process have (`prunetrain.engine.compile_room`), so an unevenly shrunk model stays compiled in every layer.
     """
     if gqa_rounding not in GQA_ROUNDING:
         raise ValueError(f"gqa_rounding: {gqa_rounding!r} is not one of {', '.join(map(repr, GQA_ROUNDING))}.")
@@ -179,7 +182,9 @@ def shrink(
         setattr(model.config, FOLDED_CONFIG_KEY, {  # soft values folded in: recorded by original head index
             site.info.name: {str(site.info.heads[i]): float(keeps[site.info.name][i]) for i in positions.tolist()}
             for site, positions in plans})
-    return find_heads(model)
+    layout = find_heads(model)
+    make_room_for_layouts(model, layout)  # a compiled model keeps a graph per layer layout (engine.compile_room)
+    return layout
 
 
 def _refuse_second_fold(model: nn.Module, keeps: dict[str, torch.Tensor]) -> None:
