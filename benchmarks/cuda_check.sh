@@ -6,9 +6,11 @@
 #   2. the training-step speed of the main job's two architectures (FULL_DIR, 144 heads; PRUNED_DIR, 36), CUDA bf16,
 #      interleaved (benchmarks/bench_recipe_train_speed.py): the recipe's batch (64, eager attention as the recipe
 #      runs it), then sdpa, then a GPU-sized batch of 256. The models get fresh weights (benchmarks/fresh_weights.py),
-#      so the two directories need only their configs, layouts and tokenizers;
+#      so the two directories need only their configs, layouts and tokenizers; 2b. the same two layouts at
+#      Transformer-base widths (d_model 512, FFN 2048), batches of 64 and 256;
 #   3. with MAIN_SECONDS > 0: the main job itself, `prunetrain recipe wmt-small-deen`, cut after MAIN_SECONDS.
-# Output in OUT: cuda_check.log (versions, every step's output), smoke_report.md, speed_*.json, main_report.md.
+# Output in OUT: cuda_check.log (versions, every step's output), smoke_report.md, speed_*.json, speed_base_*.json,
+# main_report.md.
 #
 #   bash benchmarks/cuda_check.sh OUT DATA_DIR FULL_DIR PRUNED_DIR [MAIN_SECONDS]
 set -uo pipefail
@@ -36,6 +38,16 @@ for setting in "64 eager" "64 sdpa" "256 eager"; do
   set -- $setting
   timeout 120 python benchmarks/bench_recipe_train_speed.py "$work/full" "$work/pruned" --data-dir "$data" \
     --device cuda --precision bf16 --batch "$1" --attn "$2" --out "$out/speed_b$1_$2.json" >> "$log" 2>&1
+  echo "rc=$?" >> "$log"
+done
+
+step "2b. the same two layouts at Transformer-base widths (d_model 512, FFN 2048: the recipe's GPU setting)"
+python benchmarks/fresh_weights.py "$full" "$work/full_base" --d-model 512 --ffn-dim 2048 >> "$log" 2>&1
+python benchmarks/fresh_weights.py "$pruned" "$work/pruned_base" --d-model 512 --ffn-dim 2048 >> "$log" 2>&1
+for setting in "64 eager" "256 eager"; do
+  set -- $setting
+  timeout 150 python benchmarks/bench_recipe_train_speed.py "$work/full_base" "$work/pruned_base" --data-dir "$data" \
+    --device cuda --precision bf16 --batch "$1" --attn "$2" --out "$out/speed_base_b$1_$2.json" >> "$log" 2>&1
   echo "rc=$?" >> "$log"
 done
 
