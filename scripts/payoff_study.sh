@@ -10,8 +10,11 @@
 # complete; the final model stays in the run directory (git-ignored). Run one at a time on a quiet machine (timings
 # are recorded).
 # Arms:
-#   small-steps          the main recipe's schedule, the default since the study chose it: 12.5 % of the heads masked
-#                        every 100 steps from step 300 to 800, shrinks at 400/600/800, 36 of 144 heads
+#   early                the main recipe's schedule, the default since the selection chose it on validation
+#                        (2026-11-27): 25/50/62.5/75 % of the heads masked at steps 200/300/400/500, shrinks at
+#                        300/500, 36 of 144 heads (the gradual schedule two to five times earlier)
+#   small-steps          the default from 2026-11-24 to 2026-11-27 (chosen then on the test set): 12.5 % of the heads
+#                        masked every 100 steps from step 300 to 800, shrinks at 400/600/800
 #   shrink-each          the small-steps schedule with each step's heads removed at once (shrinks at every pruning
 #                        step, 300 to 800): no masked stretch, every step after a pruning step is cheaper
 #   gradual              the previous default: 25/50/62.5/75 % masked at steps 400/600/800/1000, shrinks at 600/1000
@@ -21,13 +24,12 @@
 #   prune-then-finetune  the full model until step 1200, then 75 % of the heads pruned by importance at once and
 #                        removed; fine-tuned for the rest of the budget
 #   l0                   Hard-Concrete gates with a 36-head budget from step 600, shrunk at the end (Voita §6)
-#   early                the gradual schedule two to five times earlier (200/300/400/500)
 #   late                 later (800/1000/1200/1400)
 #   per-kind             the gradual schedule with Voita's order: 6 encoder-self, 12 decoder-self, 18 cross heads kept
 # SCRATCH_FROM (default gradual) names the arm whose final architecture the scratch arm trains; another arm than
-# gradual is kept as scratch-of-ARM-sSEED (SCRATCH_FROM=small-steps: the default's architecture from scratch).
+# gradual is kept as scratch-of-ARM-sSEED (SCRATCH_FROM=early: the default's architecture from scratch).
 # COOLDOWN=SHARE runs the arm with the learning-rate cooldown over the last SHARE of the FLOP budget (`train.cooldown`;
-# the recipe's default since 2026-11-25 is 0.2, so `COOLDOWN=0.2 ... small-steps` is the main recipe as it is); the run
+# the recipe's default since 2026-11-25 is 0.2, so `COOLDOWN=0.2 ... early` is the main recipe as it is); the run
 # is kept as ARM-cooldown-sSEED, and with SCRATCH_FROM the architecture comes from SCRATCH_FROM-cooldown-sSEED. Without
 # COOLDOWN (or with COOLDOWN=0, 0.0, ...) the arm runs with train.cooldown=0, as every arm before the cooldown existed
 # (ARM-sSEED).
@@ -74,10 +76,13 @@ study=${STUDY:-study}
 [[ "$study" =~ ^[a-z0-9][a-z0-9-]*$ ]] || fail "STUDY '$study' is not a name of lower-case letters, digits and -"
 kept=recipes/results/wmt-small-deen-$study
 off=(--set 'pruning.schedule_steps={}' --set 'pruning.shrink_steps=[]')
+small_steps=(--set 'pruning.schedule_steps={300: 0.125, 400: 0.25, 500: 0.375, 600: 0.5, 700: 0.625, 800: 0.75}'
+             --set 'pruning.shrink_steps=[400, 600, 800]')
 gradual=(--set 'pruning.schedule_steps={400: 0.25, 600: 0.5, 800: 0.625, 1000: 0.75}' --set 'pruning.shrink_steps=[600, 1000]')
 case "$arm" in
-  small-steps) sets=() ;;
-  shrink-each) sets=(--set 'pruning.shrink_steps=[300, 400, 500, 600, 700, 800]') ;;
+  early) sets=() ;;
+  small-steps) sets=("${small_steps[@]}") ;;
+  shrink-each) sets=("${small_steps[@]}" --set 'pruning.shrink_steps=[300, 400, 500, 600, 700, 800]') ;;
   gradual) sets=("${gradual[@]}") ;;
   off) sets=("${off[@]}") ;;
   scratch) sets=("${off[@]}" --set
@@ -85,8 +90,6 @@ case "$arm" in
   random-init) sets=("${off[@]}" --set pruning.init_heads=36) ;;
   prune-then-finetune) sets=(--set 'pruning.schedule_steps={1200: 0.75}' --set 'pruning.shrink_steps=[1200]') ;;
   l0) sets=(--set pruning.method=l0) ;;
-  early) sets=(--set 'pruning.schedule_steps={200: 0.25, 300: 0.5, 400: 0.625, 500: 0.75}'
-               --set 'pruning.shrink_steps=[300, 500]') ;;
   late) sets=(--set 'pruning.schedule_steps={800: 0.25, 1000: 0.5, 1200: 0.625, 1400: 0.75}'
               --set 'pruning.shrink_steps=[1000, 1400]') ;;
   per-kind) sets=("${gradual[@]}" --set pruning.scope=kind

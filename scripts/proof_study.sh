@@ -13,7 +13,7 @@
 # paired t-test and sign-flip test across seeds, paired bootstrap per seed, every test set) writes
 # checkpoints/proof/equal-flops/ or checkpoints/proof/equal-time/.
 #
-#   DEFAULT=small-steps bash scripts/proof_study.sh
+#   DEFAULT=early bash scripts/proof_study.sh    (the selection chose early on 2026-11-27)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 fail() { echo "proof_study.sh: $*" >&2; exit 2; }

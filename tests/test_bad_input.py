@@ -50,7 +50,7 @@ def small_data(tmp_path, multi30k_dir) -> Path:
                                    r"and model.heads=8 at most 0.875"),
     ("pruning.curve_fractions=[0.5, 2]", r"pruning.curve_fractions: 2.0 is not a fraction in \[0, 1\]"),
     ("pruning.min_heads_per_layer=9", r"pruning.min_heads_per_layer: 9 is more than model.heads=8"),
-    ("pruning.schedule_steps={400: 0.25, 600: 0.5, 800: 0.625, 1000: 0.75, 9000: 0.8}",
+    ("pruning.schedule_steps={200: 0.25, 300: 0.5, 400: 0.625, 500: 0.75, 9000: 0.8}",
      r"pruning.schedule_steps: step 9000 is never reached: the run ends at step 5448 \(29000 training pairs, 454 "
      r"steps per epoch × train.epochs=12\)"),
     ("pruning.schedule={2: 0.4, 4: 0.2}", r"pruning.schedule: .* must not decrease"),

@@ -139,10 +139,10 @@ def test_schedule_errors_come_before_training_starts(tmp_path, tiny_mt):
     with pytest.raises(ValueError, match=r"^pruning.schedule: epoch 13 is after the last training epoch"):
         load_recipe("wmt-small-deen", ["train.max_steps=0", "pruning.schedule={0.5: 0.25, 13: 0.5}"])
     # a shrink follows a pruning step of the step schedule; test BLEU points lie within the run
-    with pytest.raises(ValueError, match=r"^pruning.shrink_steps: 650 is not a step of pruning.schedule_steps "
-                                         r"\[300, 400, 500, 600, 700, 800\]; a shrink follows a pruning step"):
-        load_recipe("wmt-small-deen", ["pruning.shrink_steps=[600, 650]"])
-    with pytest.raises(ValueError, match=r"^pruning.shrink_steps: \[400, 600, 800\] needs pruning.mode=mask"):
+    with pytest.raises(ValueError, match=r"^pruning.shrink_steps: 350 is not a step of pruning.schedule_steps "
+                                         r"\[200, 300, 400, 500\]; a shrink follows a pruning step"):
+        load_recipe("wmt-small-deen", ["pruning.shrink_steps=[300, 350]"])
+    with pytest.raises(ValueError, match=r"^pruning.shrink_steps: \[300, 500\] needs pruning.mode=mask"):
         load_recipe("wmt-small-deen", ["pruning.mode=shrink"])
     with pytest.raises(ValueError, match=r"^eval.test_steps: step 1650 is after the last training step "
                                          r"\(train.max_steps=1600\)"):

@@ -218,6 +218,20 @@ def test_payoff_study_names_a_run_without_cooldown_as_such_and_refuses_extra_arg
     code, err, args, kept = run(["off", "1"], {"COOLDOWN": "0.2"})
     assert code == 0 and args[-1] == "checkpoints/study/off-cooldown-s1" and "train.cooldown=0.2" in args, err
     assert kept == ["off-cooldown-s1", "off-s1"]
+    # `early` is the recipe's default (chosen on validation), so it sets no schedule; the earlier default and
+    # shrink-each carry theirs
+    code, err, args, _ = run(["early", "1"])
+    assert code == 0 and not any("pruning." in a for a in args), args
+    recipe = load_recipe("wmt-small-deen")
+    assert recipe.pruning.schedule_steps == {200: 0.25, 300: 0.5, 400: 0.625, 500: 0.75}
+    assert recipe.pruning.shrink_steps == [300, 500]
+    small_steps = "pruning.schedule_steps={300: 0.125, 400: 0.25, 500: 0.375, 600: 0.5, 700: 0.625, 800: 0.75}"
+    code, err, args, _ = run(["small-steps", "1"])
+    assert code == 0 and small_steps in args and "pruning.shrink_steps=[400, 600, 800]" in args, args
+    code, err, args, _ = run(["shrink-each", "1"])
+    assert code == 0 and small_steps in args, args
+    assert [a for a in args if a.startswith("pruning.shrink_steps")][-1] == \
+        "pruning.shrink_steps=[300, 400, 500, 600, 700, 800]", args
     code, err, args, _ = run(["off", "1"], {"RESUME": "1"})
     assert code == 0 and args[-2:] == ["checkpoints/study/off-s1", "--resume"], err
     code, err, args, _ = run(["off", "1"], {"MAX_MINUTES": "150"})  # a slower machine's guard
@@ -362,11 +376,11 @@ def test_proof_study_runs_five_seeds_of_three_arms_at_equal_flops_then_equal_tim
         assert done.stderr.startswith(f"proof_study.sh: {message}") and done.stderr.count("\n") == 1, done.stderr
     (root / "checkpoints" / "proof").mkdir(parents=True)
     (root / "checkpoints" / "proof" / "STOP").touch()
-    done, calls = run({"DEFAULT": "small-steps"})
-    assert done.returncode == 0 and calls == [] and "stopped before small-steps-cooldown-s0" in done.stdout
-    done, calls = run({"DEFAULT": "small-steps"})
+    done, calls = run({"DEFAULT": "early"})
+    assert done.returncode == 0 and calls == [] and "stopped before early-cooldown-s0" in done.stdout
+    done, calls = run({"DEFAULT": "early"})
     assert done.returncode == 0, done.stderr
-    flops = ["small-steps-cooldown", "off-cooldown", "scratch-of-small-steps-cooldown"]
+    flops = ["early-cooldown", "off-cooldown", "scratch-of-early-cooldown"]
     time = [name + "-time20min-measure" for name in flops]
     kept = "recipes/results/wmt-small-deen-proof"
     recipes = [c for c in calls if c.startswith("recipe ")]
@@ -376,8 +390,8 @@ def test_proof_study_runs_five_seeds_of_three_arms_at_equal_flops_then_equal_tim
     assert all("train.max_train_minutes=20 " in c and "train.precision=measure " in c for c in recipes[15:])
     assert not any("max_train_minutes" in c or "train.precision" in c for c in recipes[:15])
     for seed in range(5):
-        assert f"pruning.init_layout={kept}/small-steps-cooldown-s{seed}/layout.json " in recipes[3 * seed + 2]
-        assert f"pruning.init_layout={kept}/small-steps-cooldown-time20min-measure-s{seed}/layout.json " in \
+        assert f"pruning.init_layout={kept}/early-cooldown-s{seed}/layout.json " in recipes[3 * seed + 2]
+        assert f"pruning.init_layout={kept}/early-cooldown-time20min-measure-s{seed}/layout.json " in \
             recipes[15 + 3 * seed + 2]
     compares = [c for c in calls if c.startswith("compare ")]
     for compare, names, out in [(compares[0], flops, "equal-flops"), (compares[1], time, "equal-time")]:
@@ -387,7 +401,7 @@ def test_proof_study_runs_five_seeds_of_three_arms_at_equal_flops_then_equal_tim
     assert calls.index(compares[0]) == 15 and calls.index(compares[1]) == 31
     assert (earlier / "results.json").read_text() == '{"earlier": true}'
     assert len(list((root / kept).iterdir())) == 30
-    done, calls = run({"DEFAULT": "small-steps"})  # everything kept: the two comparisons again, older ones aside
+    done, calls = run({"DEFAULT": "early"})  # everything kept: the two comparisons again, older ones aside
     assert done.returncode == 0 and [c.split()[0] for c in calls] == ["compare", "compare"], done.stderr
     assert len(list((root / "checkpoints" / "proof").glob("equal-*-*"))) == 2
 
