@@ -5,9 +5,9 @@
 #
 #   bash scripts/compress_study.sh ARM SEED        e.g. bash scripts/compress_study.sh distill 0
 #
-# The starting model of seed S is the payoff study's full model of seed S, the main recipe with pruning off and the
-# cooldown (`COOLDOWN=0.2 bash scripts/payoff_study.sh off S` → checkpoints/study/off-cooldown-sS); START=DIR names
-# another. The run directory is checkpoints/compress/ARM-sSEED (git-ignored); what the comparison needs is kept in
+# The starting model of seed S is the proof's full model of seed S, the main recipe with pruning off and the
+# cooldown (`COOLDOWN=0.2 STUDY=proof bash scripts/payoff_study.sh off S`, as scripts/proof_study.sh runs it →
+# checkpoints/proof/off-cooldown-sS); START=DIR names another (the payoff study's: checkpoints/study/off-cooldown-sS). The run directory is checkpoints/compress/ARM-sSEED (git-ignored); what the comparison needs is kept in
 # recipes/results/wmt-small-deen-compress-study/ARM-sSEED (scripts/keep_run.sh). Run one at a time on a quiet machine.
 # Arms:
 #   distill          the recipe as it is: 75 % of the heads pruned by importance in 12.5 % steps (30..180), with
@@ -23,8 +23,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/study_args.sh compress_study.sh "$@"
-start=${START:-checkpoints/study/off-cooldown-s$seed}
-[ -d "$start" ] || fail "START '$start' is not a directory; train the starting model first (COOLDOWN=0.2 bash scripts/payoff_study.sh off $seed) or give START=DIR"
+start=${START:-checkpoints/proof/off-cooldown-s$seed}
+[ -d "$start" ] || fail "START '$start' is not a directory; train the starting model first (COOLDOWN=0.2 STUDY=proof bash scripts/payoff_study.sh off $seed, as scripts/proof_study.sh does) or give START=DIR"
 sets=(--set "model.init_from=$start")
 at_once=(--set 'pruning.schedule_steps={30: 0.75}' --set 'pruning.shrink_steps=[30]')
 case "$arm" in
@@ -45,5 +45,7 @@ fi
 case "${RESUME:-0}" in 0|1) ;; *) fail "RESUME '${RESUME}' is not 0 or 1" ;; esac
 out="checkpoints/compress/$arm-s$seed"
 resume=(); [ "${RESUME:-0}" = 1 ] && resume=(--resume)
-.venv/bin/prunetrain recipe wmt-small-deen-compress --set "train.seed=$seed" "${sets[@]}" --output "$out" "${resume[@]}"
+# eval.print_test=false: the run's log and summary print validation only (its test scores are in its files)
+.venv/bin/prunetrain recipe wmt-small-deen-compress --set "train.seed=$seed" "${sets[@]}" --set eval.print_test=false \
+  --output "$out" "${resume[@]}"
 bash scripts/keep_run.sh "$out" "recipes/results/wmt-small-deen-compress-study/$arm-s$seed"

@@ -101,5 +101,7 @@ name=$arm
 sets+=(--set "train.cooldown=$cooldown" "${budget[@]}"); name="$name$suffix"
 out="checkpoints/$study/$name-s$seed"
 resume=(); [ "${RESUME:-0}" = 1 ] && resume=(--resume)
-.venv/bin/prunetrain recipe wmt-small-deen --set "train.seed=$seed" "${sets[@]}" --output "$out" "${resume[@]}"
+# eval.print_test=false: the run's log and summary print validation only (its test scores are in its files)
+.venv/bin/prunetrain recipe wmt-small-deen --set "train.seed=$seed" "${sets[@]}" --set eval.print_test=false \
+  --output "$out" "${resume[@]}"
 bash scripts/keep_run.sh "$out" "$kept/$name-s$seed"

@@ -2,6 +2,7 @@
 real saved model."""
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -246,6 +247,37 @@ def test_smoke_recipe_scores_validation_and_every_test_set(smoke_recipe_run, mul
     assert {"test_2017_flickr", "test_2017_mscoco"} <= set(data["splits"])
     report = (out / "report.md").read_text()
     assert "## The final model on every evaluation set" in report and "| test_2017_mscoco | test | 50 |" in report
+    # by default the log shows the test scores (the control of the next test, where they must not appear)
+    assert _printed_test_scores(result) != []
+
+
+def _printed_test_scores(result) -> list[str]:
+    """The lines of a recipe run's stdout and stderr that show a test score: the metric points' `bleu`, the final
+    model's test BLEU, a 2017 test set's BLEU, the summary's test_bleu."""
+    pattern = re.compile(r"(?<!valid_)\bbleu -?\d|test BLEU|test_2017_\w+ BLEU|\"test_bleu")
+    return [line for line in (result.stdout + result.stderr).splitlines() if pattern.search(line)]
+
+
+@pytest.mark.slow
+def test_a_run_with_print_test_off_prints_no_test_score(tmp_path, multi30k_dir):
+    """eval.print_test=false (runs that choose settings): the test scores are computed and written, but no log
+    line and not the closing summary shows one; the metric points and the summary show validation instead."""
+    out = tmp_path / "run"
+    result = run_cli("recipe", "wmt-small-deen", "--smoke", "--set", "eval.print_test=false", "--set",
+                     "eval.bench=false", "--set", "pruning.curve_steps=[]", "--set", "eval.test_limit=24",
+                     "--data-dir", multi30k_dir, "--output", out)
+    assert result.returncode == 0, result.stderr[-4000:]
+    assert _printed_test_scores(result) == []
+    results = json.loads((out / "results.json").read_text())
+    assert set(results["final_scores"]) == {"valid", "test", "test_2017_flickr", "test_2017_mscoco"}
+    assert isinstance(results["test_pruned"]["bleu"], float)  # computed and written
+    summary = json.loads(result.stdout)
+    assert "test_bleu" not in summary and "test_bleu_trained" not in summary
+    assert (summary["valid_bleu"], summary["valid_chrf"]) == (results["final_scores"]["valid"]["bleu"],
+                                                              results["final_scores"]["valid"]["chrf"])
+    points = [line for line in result.stderr.splitlines() if re.search(r": valid_bleu -?\d+\.\d\d after", line)]
+    assert len(points) == len(results["bleu_over_training"]) - 1  # every point but the final record
+    assert "valid BLEU of the final model" in result.stderr
 
 
 @pytest.mark.slow

@@ -222,6 +222,7 @@ def test_payoff_study_names_a_run_without_cooldown_as_such_and_refuses_extra_arg
     # shrink-each carry theirs
     code, err, args, _ = run(["early", "1"])
     assert code == 0 and not any("pruning." in a for a in args), args
+    assert "eval.print_test=false" in args, args  # a study run's log prints no test score
     recipe = load_recipe("wmt-small-deen")
     assert recipe.pruning.schedule_steps == {200: 0.25, 300: 0.5, 400: 0.625, 500: 0.75}
     assert recipe.pruning.shrink_steps == [300, 500]
@@ -411,7 +412,7 @@ def test_compress_study_runs_each_arm_from_the_seeds_full_model(tmp_path):
     scratch arm trains the distill arm's architecture from a fresh initialisation with that model as the teacher;
     bad arguments are one line, exit 2, before anything runs."""
     run = _study_script(tmp_path, "compress_study.sh", "wmt-small-deen-compress-study")
-    start = tmp_path / "tree" / "checkpoints" / "study" / "off-cooldown-s3"
+    start = tmp_path / "tree" / "checkpoints" / "proof" / "off-cooldown-s3"
     start.mkdir(parents=True)
     expected = {"distill": [], "plain": ["distill.alpha=0"],
                 "at-once-distill": ["pruning.schedule_steps={30: 0.75}", "pruning.shrink_steps=[30]"],
@@ -420,18 +421,19 @@ def test_compress_study_runs_each_arm_from_the_seeds_full_model(tmp_path):
         code, err, args, kept = run([arm, "3"])
         assert code == 0, err
         assert args[:2] == ["recipe", "wmt-small-deen-compress"] and args[-1] == f"checkpoints/compress/{arm}-s3"
-        assert "model.init_from=checkpoints/study/off-cooldown-s3" in args and "train.seed=3" in args, args
+        assert "model.init_from=checkpoints/proof/off-cooldown-s3" in args and "train.seed=3" in args, args
+        assert "eval.print_test=false" in args, args  # a study run's log prints no test score
         assert all(setting in args for setting in settings), (arm, args)
         assert (arm == "plain" or arm == "at-once") == ("distill.alpha=0" in args)
     code, err, args, kept = run(["scratch-distill", "3"], {"MAX_MINUTES": "90"})
     assert code == 0, err
-    for setting in ("model.init_from=", "distill.teacher=checkpoints/study/off-cooldown-s3", "train.max_minutes=90",
+    for setting in ("model.init_from=", "distill.teacher=checkpoints/proof/off-cooldown-s3", "train.max_minutes=90",
                     "pruning.init_layout=recipes/results/wmt-small-deen-compress-study/distill-s3/layout.json",
                     "pruning.schedule_steps={}", "train.learning_rate=0.0007"):
         assert setting in args, (setting, args)
     assert kept == ["at-once-distill-s3", "at-once-s3", "distill-s3", "plain-s3", "scratch-distill-s3"]
     code, err, args, _ = run(["distill", "4"])
-    assert (code, args) == (2, None) and err.startswith("compress_study.sh: START 'checkpoints/study/off-cooldown-s4' "
+    assert (code, args) == (2, None) and err.startswith("compress_study.sh: START 'checkpoints/proof/off-cooldown-s4' "
                                                         "is not a directory; train the starting model first"), err
     code, err, args, _ = run(["distill", "4"], {"START": str(start)})
     assert code == 0 and f"model.init_from={start}" in args, err

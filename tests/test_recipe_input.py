@@ -563,6 +563,7 @@ def test_a_resume_refuses_a_replaced_tokenizer(monkeypatch, capsys, tmp_path, mu
 # ---------------------------------------------------------------------------------------------------------------------
 @pytest.mark.parametrize("override, pattern", [
     ("eval.valid=1", r"eval.valid: 1 is not a boolean \(true/false\)\.$"),
+    ("eval.print_test=1", r"eval.print_test: 1 is not a boolean \(true/false\)\.$"),
     ("eval.valid_limit=-1", r"eval.valid_limit: -1 is not allowed"),
     ("eval.more_test_splits=[test_2017_flickr, test_2017_flickr]",
      r"eval.more_test_splits: 'test_2017_flickr' is named more than once; give each split once\.$"),

@@ -77,8 +77,12 @@ def recipe(
         results = run_recipe(config, out, **run_kwargs)
     if results is None:  # a rank other than 0 under torchrun: rank 0 prints the summary
         return
-    summary = {"output": str(out), "test_bleu": results["test_pruned"]["bleu"],
-               "test_bleu_trained": results["test_full"]["bleu"], "heads_trained": results["heads_trained"],
+    if config.eval.print_test:
+        scores = {"test_bleu": results["test_pruned"]["bleu"], "test_bleu_trained": results["test_full"]["bleu"]}
+    else:  # the run's test scores are in its files only; the summary shows what a choice may look at
+        valid = results["final_scores"].get("valid")
+        scores = {"valid_bleu": valid["bleu"] if valid else None, "valid_chrf": valid["chrf"] if valid else None}
+    summary = {"output": str(out), **scores, "heads_trained": results["heads_trained"],
                "heads_kept": results["heads_kept"], "heads_total": results["heads_total"],
                "steps": results["steps"], "train_minutes": round(results["train_minutes"], 2),
                "train_step_minutes": round(results["train_step_minutes"], 2)}

@@ -70,8 +70,9 @@ def score_final_sets(recipe, final: dict, inputs, progress: Callable[[str], None
         scores[name] = evaluate_bleu(final["pruned"], inputs.tokenizer, pairs, batch_size=ev.batch_size,
                                      num_beams=ev.num_beams, autocast_bf16=inputs.bf16, return_hypotheses=True,
                                      sentence_stats=True)
-        progress(f"{name} BLEU of the final model: {scores[name]['bleu']:.2f}, chrF {scores[name]['chrf']:.2f} "
-                 f"({len(pairs)} sentences)")
+        if ev.print_test or name == "valid":  # eval.print_test false: no test score is printed
+            progress(f"{name} BLEU of the final model: {scores[name]['bleu']:.2f}, chrF {scores[name]['chrf']:.2f} "
+                     f"({len(pairs)} sentences)")
     return scores
 
 

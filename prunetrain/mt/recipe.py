@@ -281,12 +281,15 @@ class EvalConfig:
     valid_limit: int = 0  # score only the first N validation sentences (0: all)
     more_test_splits: list[str] = field(default_factory=list)  # more test sets the final model is scored on (BLEU,
     # chrF, translations kept), each a split of the data (`SPLIT.{src,tgt}` in data.dir, or a dataset split)
+    print_test: bool = True  # false: test scores are computed and written (results.json, report.md, TensorBoard)
+    # but never printed: the log lines and the closing summary show validation instead (for runs that choose settings)
 
     def __post_init__(self):
         for key, minimum in (("num_beams", 1), ("test_limit", 0), ("batch_size", 1), ("curve_batch_size", 1),
                              ("bench_repeats", 1), ("valid_limit", 0)):
             check_int(f"eval.{key}", getattr(self, key), minimum)
         check_bool("eval.valid", self.valid)
+        check_bool("eval.print_test", self.print_test)
         check_split_names("eval.more_test_splits", self.more_test_splits)
         check_step_points("eval.test_steps", self.test_steps)
         for share in self.test_flops:

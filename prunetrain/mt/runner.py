@@ -165,6 +165,7 @@ def make_callbacks(recipe: Recipe, inputs: RunInputs, model_config=None) -> tupl
     seconds = 60 * t.max_train_minutes  # a training-time budget (equal wall-clock) instead of a FLOP budget
     clock = MetricPointsCallback(points_metric(recipe, inputs),
                                  at_steps=ev.test_steps, metric_key="bleu", record_end=False,
+                                 log_key="bleu" if ev.print_test else "valid_bleu",
                                  at_flops=[share * t.max_flops for share in ev.test_flops],
                                  max_flops=t.max_flops or None,
                                  train_time=TrainTime(max_seconds=seconds or None,
@@ -256,7 +257,8 @@ def prune_and_evaluate(recipe: Recipe, model, inputs: RunInputs, progress: Calla
     final_score = dict(score, return_hypotheses=True, sentence_stats=True)  # kept for paired tests between runs
     trained = evaluate_bleu(model, inputs.tokenizer, inputs.test_pairs,
                             **(final_score if p.final_fraction == 0 else score))
-    progress(f"test BLEU {trained_name(recipe, heads)}: {trained['bleu']:.2f} ({trained['bleu_signature']})")
+    if ev.print_test:
+        progress(f"test BLEU {trained_name(recipe, heads)}: {trained['bleu']:.2f} ({trained['bleu_signature']})")
     if p.final_fraction == 0:
         return {"model": model, "pruned": model, "mask": HeadMask.ones(model), "full": trained, "masked": None,
                 "shrunk": trained}
@@ -267,8 +269,9 @@ def prune_and_evaluate(recipe: Recipe, model, inputs: RunInputs, progress: Calla
     pruned = copy.deepcopy(model)
     shrink(pruned, final_mask)
     shrunk = evaluate_bleu(pruned, inputs.tokenizer, inputs.test_pairs, **final_score)
-    progress(f"test BLEU with {p.final_fraction:.0%} of the trained model's heads pruned after training: "
-             f"{shrunk['bleu']:.2f} (masked model: {masked['bleu']:.2f})")
+    if ev.print_test:
+        progress(f"test BLEU with {p.final_fraction:.0%} of the trained model's heads pruned after training: "
+                 f"{shrunk['bleu']:.2f} (masked model: {masked['bleu']:.2f})")
     return {"model": model, "pruned": pruned, "mask": final_mask, "full": trained, "masked": masked, "shrunk": shrunk}
 
 

@@ -50,6 +50,9 @@ class MetricPointsCallback(ScheduledCallback):
         at_steps: global optimizer steps (increasing).
         at_epochs: epoch points (fractional allowed), as for the other scheduled callbacks.
         metric_key: the entry logged to TensorBoard when the metric returns a dict (default "value").
+        log_key: the entry the log line at each point shows (default `metric_key`; another entry of the metric's
+            dict, e.g. a validation score in a study whose test scores must not be seen; an entry the metric did not
+            return: the line names the point without a score).
         record_end: also evaluate at the last step when it is not a planned point.
         at_flops: more points, as cumulative training FLOPs (increasing): each fires at the first step whose
             cumulative count reaches it.
@@ -65,7 +68,8 @@ class MetricPointsCallback(ScheduledCallback):
 
     def __init__(self, metric: Callable, *, at_steps: Iterable[int] = (), at_epochs=(), metric_key: str = "value",
                  record_end: bool = True, at_flops: Iterable[float] = (), max_flops: float | None = None,
-                 train_time: TrainTime | None = None, output_dir: str | None = None, tensorboard: bool = True):
+                 train_time: TrainTime | None = None, output_dir: str | None = None, tensorboard: bool = True,
+                 log_key: str | None = None):
         super().__init__(output_dir, tensorboard)
         if not callable(metric):
             raise ValueError(f"metric: {metric!r} is not a callable model -> float | dict.")
@@ -81,6 +85,7 @@ class MetricPointsCallback(ScheduledCallback):
         self.meter = TrainingFlopMeter()
         self._flop_points_done: set[float] = set()
         self.metric, self.metric_key = metric, metric_key
+        self.log_key = metric_key if log_key is None else log_key
         self.records: list[dict] = []
         self.segments: list[dict] = []  # stretches of constant size: {from_step, to_step, steps, seconds, parameters}
         self.step_seconds = 0.0
@@ -215,8 +220,10 @@ class MetricPointsCallback(ScheduledCallback):
             if record["flops"] is not None:
                 self._tb_scalar(f"prunetrain/{self.metric_key}_vs_training_tflops", record[self.metric_key],
                                 int(round(record["flops"] / 1e12)))
-            self._log(f"{label(step, epoch)}: {self.metric_key} {record[self.metric_key]:.2f} after "
-                      f"{self.step_seconds / 60:.1f} min of training steps ({record['heads']} heads)")
+        shown = record.get(self.log_key)
+        score = f"{self.log_key} {shown:.2f}" if isinstance(shown, (int, float)) else "metric point"
+        self._log(f"{label(step, epoch)}: {score} after {self.step_seconds / 60:.1f} min of training steps "
+                  f"({record['heads']} heads)")
 
     def on_train_end(self, args, state, control, **kwargs):
         self.meter.detach()
