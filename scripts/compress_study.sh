@@ -7,8 +7,10 @@
 #
 # The starting model of seed S is the proof's full model of seed S, the main recipe with pruning off and the
 # cooldown (`COOLDOWN=0.2 STUDY=proof bash scripts/payoff_study.sh off S`, as scripts/proof_study.sh runs it →
-# checkpoints/proof/off-cooldown-sS); START=DIR names another (the payoff study's: checkpoints/study/off-cooldown-sS). The run directory is checkpoints/compress/ARM-sSEED (git-ignored); what the comparison needs is kept in
+# checkpoints/proof/off-cooldown-sS); START=DIR names another (the payoff study's: checkpoints/study/off-cooldown-sS).
+# The run directory is checkpoints/compress/ARM-sSEED (git-ignored); what the comparison needs is kept in
 # recipes/results/wmt-small-deen-compress-study/ARM-sSEED (scripts/keep_run.sh). Run one at a time on a quiet machine.
+# Each run prints validation only (eval.print_test=false): settings are chosen on validation.
 # Arms:
 #   distill          the recipe as it is: 75 % of the heads pruned by importance in 12.5 % steps (30..180), with
 #                    distillation from a frozen copy of the starting model (α 0.5, T 2)

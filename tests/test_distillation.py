@@ -110,6 +110,42 @@ def test_a_trainer_that_takes_the_labels_gets_the_combined_loss_through_loss_fun
     assert distill.teacher_flops > 0
 
 
+@pytest.mark.parametrize("smoothing", [0.0, 0.1])
+def test_the_flop_budget_counts_the_student_alone_with_and_without_label_smoothing(tmp_path, tiny_mt, smoothing):
+    """The FLOP meter fits the student's step FLOPs on probes cut from a training batch, and with distillation those
+    probes go through the student's wrapped forward. They must measure the student alone: no teacher forward in
+    the student's count, no teacher call counted as the teacher's, and with label smoothing (the Trainer computes
+    the loss) no probe may leave teacher terms pending, which made the meter give up counting, so that a FLOP
+    budget never ended the run. Step for step the student's FLOPs equal an undistilled run's; the budget stops the
+    distilled run at the same step; the teacher's FLOPs are its calls in training steps, one per step."""
+    from transformers.trainer_pt_utils import LabelSmoother
+
+    from prunetrain.training.metric_points import MetricPointsCallback
+    from test_training_flops import _PerStep
+
+    plain_clock = MetricPointsCallback(lambda m: 0.0)
+    plain = _PerStep(plain_clock)
+    _trainer(tmp_path / "plain", tiny_mt, _marian(tiny_mt[1]), [plain_clock, _pruning(), plain], epochs=1,
+             max_steps=8, label_smoothing_factor=smoothing).train()
+    budget = (plain.totals[5] + plain.totals[6]) / 2  # reached at step 7
+    teacher = _marian(tiny_mt[1], seed=1)
+    calls = []
+    teacher.register_forward_pre_hook(  # the teacher's calls in the student's forwards (under no_grad), not the
+        lambda module, args, kwargs: calls.append(dict(kwargs)) if not torch.is_grad_enabled() else None,
+        with_kwargs=True)  # probes of the teacher's own FLOP fit
+    clock = MetricPointsCallback(lambda m: 0.0, max_flops=budget)
+    distilled = _PerStep(clock)
+    distill = DistillationCallback(teacher, alpha=0.5)
+    trainer = _trainer(tmp_path / "distilled", tiny_mt, _marian(tiny_mt[1]), [clock, _pruning(), distill, distilled],
+                       epochs=1, max_steps=8, label_smoothing_factor=smoothing)
+    if smoothing:
+        trainer.compute_loss_func = distill.loss_func(LabelSmoother(epsilon=smoothing))
+    trainer.train()
+    assert clock.meter.counted and clock.budget_reached_at_step == trainer.state.global_step == 7
+    assert distilled.totals == plain.totals[:7] and len(clock.meter.fits) == 2  # refitted after the shrink at 6
+    assert len(calls) == 7 and distill.teacher_flops == sum(measured_step_flops(teacher, c) for c in calls) > 0
+
+
 def test_distilling_from_a_snapshot_through_mid_training_shrinks(tmp_path, tiny_mt):
     """teacher=None: a frozen copy of the student at the start; shrinks change the student, never the teacher;
     the two terms join the Trainer's logs."""

@@ -4,6 +4,8 @@ budgets, FLOP points), checked against torch's `FlopCounterMode` and an independ
 
 from __future__ import annotations
 
+import functools
+
 import pytest
 import torch
 from torch import nn
@@ -246,3 +248,49 @@ def test_a_per_kind_schedule_in_a_trainer_run(tmp_path, tiny_mt):
     model = _marian(tiny_mt[1])
     _trainer(tmp_path, tiny_mt, model, [pruning]).train()
     assert pt.find_heads(model).heads_per_kind() == {"encoder_self": 2, "decoder_self": 6, "cross": 7}
+
+
+
+def _gpt2_with_data_dependent_work():
+    """A tiny GPT-2 whose forward is wrapped to do extra matrix products as many times as the token values say:
+    its step FLOPs are not a function of the batch shape."""
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    torch.manual_seed(0)
+    model = GPT2LMHeadModel(GPT2Config(n_embd=32, n_layer=2, n_head=4, vocab_size=10, n_positions=16))
+    original, weight = model.forward, torch.eye(4)
+
+    @functools.wraps(original)  # the Trainer reads the forward's signature
+    def forward(*args, **kwargs):
+        x = torch.ones(1, 4)
+        for _ in range(int(kwargs["input_ids"].sum()) % 3 + 1):
+            x = x @ weight
+        return original(*args, **kwargs)
+
+    model.forward = forward
+    return model
+
+
+def test_a_flop_budget_on_a_model_whose_flops_cannot_be_counted_is_refused_at_the_first_step(tmp_path):
+    """Without the count a FLOP budget would never end the run (it would run on to its step or time limit, another
+    length than asked): refused at the first step, one line naming max_flops. Without a budget the run trains, the
+    count reported as unavailable."""
+    from transformers import Trainer, TrainingArguments
+
+    generator = torch.Generator().manual_seed(0)
+    rows = [{"input_ids": ids, "labels": ids} for ids in torch.randint(0, 10, (32, 6), generator=generator)]
+    args = dict(output_dir=str(tmp_path), per_device_train_batch_size=8, max_steps=3, save_strategy="no",
+                report_to=[], use_cpu=True, disable_tqdm=True)
+    clock = MetricPointsCallback(lambda m: 0.0, max_flops=1e9)
+    trainer = Trainer(model=_gpt2_with_data_dependent_work(), args=TrainingArguments(**args), train_dataset=rows,
+                      callbacks=[clock])
+    with pytest.raises(ValueError, match=r"^max_flops: the training FLOPs cannot be counted \(step FLOPs: "
+                                         r"GPT2LMHeadModel's .*\), so the FLOP budget and FLOP points cannot be "
+                                         r"kept; give a step or time budget instead\.$"):
+        trainer.train()
+    assert trainer.state.global_step == 1
+    free = MetricPointsCallback(lambda m: 0.0)
+    trainer = Trainer(model=_gpt2_with_data_dependent_work(), args=TrainingArguments(**args), train_dataset=rows,
+                      callbacks=[free])
+    trainer.train()
+    assert trainer.state.global_step == 3 and not free.meter.counted and "cannot be counted" in free.meter.failure

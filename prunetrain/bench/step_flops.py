@@ -17,10 +17,15 @@ batch sizes — a model whose FLOPs are not of this form (data-dependent routing
 say) is refused rather than counted wrongly. A shrunk model has other coefficients: refit after every change of size.
 
 Masked heads are still computed (a mask zeroes their output), so they count; removed heads do not.
+
+A probe measures the model alone: code that wraps a model's forward to do more in a training step (distillation
+runs a teacher there) asks `measuring_step_flops()` and, while a probe runs, calls the model's own forward only.
 """
 
 from __future__ import annotations
 
+import contextlib
+import threading
 from dataclasses import dataclass
 from fractions import Fraction
 from typing import Mapping
@@ -30,7 +35,24 @@ from torch import nn
 
 from prunetrain.bench.flops import flop_counter
 
-__all__ = ["BatchShape", "StepFlopModel", "batch_shape", "measured_step_flops"]
+__all__ = ["BatchShape", "StepFlopModel", "batch_shape", "measured_step_flops", "measuring_step_flops"]
+
+_probing = threading.local()
+
+
+def measuring_step_flops() -> bool:
+    """True while `measured_step_flops` runs a model (in this thread): a wrapper around a model's forward then calls
+    the model's own forward and nothing else, so that the count is the model's."""
+    return getattr(_probing, "depth", 0) > 0
+
+
+@contextlib.contextmanager
+def _probe():
+    _probing.depth = getattr(_probing, "depth", 0) + 1
+    try:
+        yield
+    finally:
+        _probing.depth -= 1
 
 # (B, S, T) probes for the fit (as many independent monomials as coefficients) and for the check (other batch
 # sizes), for two streams and for one
@@ -127,7 +149,7 @@ def measured_step_flops(model: nn.Module, inputs: Mapping) -> int:
     cuda_rng = torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None
     try:
         counter = flop_counter()
-        with counter:
+        with counter, _probe():
             output = model(**inputs)
             loss = getattr(output, "loss", None)
             if loss is None:

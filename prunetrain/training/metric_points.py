@@ -50,9 +50,6 @@ class MetricPointsCallback(ScheduledCallback):
         at_steps: global optimizer steps (increasing).
         at_epochs: epoch points (fractional allowed), as for the other scheduled callbacks.
         metric_key: the entry logged to TensorBoard when the metric returns a dict (default "value").
-        log_key: the entry the log line at each point shows (default `metric_key`; another entry of the metric's
-            dict, e.g. a validation score in a study whose test scores must not be seen; an entry the metric did not
-            return: the line names the point without a score).
         record_end: also evaluate at the last step when it is not a planned point.
         at_flops: more points, as cumulative training FLOPs (increasing): each fires at the first step whose
             cumulative count reaches it.
@@ -62,14 +59,18 @@ class MetricPointsCallback(ScheduledCallback):
             the training clock; see the module docstring); its budget and `max_flops` exclude each other. Needs
             `clock_end` registered as the Trainer's last callback.
         output_dir, tensorboard: see `PrunetrainCallback`.
+
+    Attributes:
+        log_key: the entry the log line at each point shows (`metric_key` unless set; another entry of the metric's
+            dict, e.g. a validation score in a study whose test scores must not be seen; an entry the metric did not
+            return: the line names the point without a score).
     """
 
     name = "metric-points"
 
     def __init__(self, metric: Callable, *, at_steps: Iterable[int] = (), at_epochs=(), metric_key: str = "value",
                  record_end: bool = True, at_flops: Iterable[float] = (), max_flops: float | None = None,
-                 train_time: TrainTime | None = None, output_dir: str | None = None, tensorboard: bool = True,
-                 log_key: str | None = None):
+                 train_time: TrainTime | None = None, output_dir: str | None = None, tensorboard: bool = True):
         super().__init__(output_dir, tensorboard)
         if not callable(metric):
             raise ValueError(f"metric: {metric!r} is not a callable model -> float | dict.")
@@ -85,7 +86,7 @@ class MetricPointsCallback(ScheduledCallback):
         self.meter = TrainingFlopMeter()
         self._flop_points_done: set[float] = set()
         self.metric, self.metric_key = metric, metric_key
-        self.log_key = metric_key if log_key is None else log_key
+        self.log_key = metric_key
         self.records: list[dict] = []
         self.segments: list[dict] = []  # stretches of constant size: {from_step, to_step, steps, seconds, parameters}
         self.step_seconds = 0.0
@@ -119,6 +120,7 @@ class MetricPointsCallback(ScheduledCallback):
             self._step_started = None
             self.step_seconds += seconds
             flops = self.meter.close(unwrap_model(model), step) if model is not None else None
+            self._refuse_uncounted_budget()
             self._count_step(step, seconds, flops, model)
         self.clock.settle(sync=self.train_time.active)  # every rank the same value: points and budget agree
         self._fire_value_points(state, "flops", self.at_flops, self._flop_points_done, self.flops,
@@ -128,6 +130,14 @@ class MetricPointsCallback(ScheduledCallback):
         super().on_step_end(args, state, control, model=model, **kwargs)
         self._check_budget(state, control)
         return control
+
+    def _refuse_uncounted_budget(self) -> None:
+        """A FLOP budget or FLOP points need the count: without it the budget would never end the run, which would
+        run on to its step or time limit, a run of another length than asked."""
+        if not self.meter.counted and (self.max_flops is not None or self.at_flops):
+            given = "max_flops" if self.max_flops is not None else "at_flops"
+            raise ValueError(f"{given}: the training FLOPs cannot be counted ({self.meter.failure}), so the FLOP "
+                             f"budget and FLOP points cannot be kept; give a step or time budget instead.")
 
     def _check_budget(self, state, control) -> None:
         """Stop training after the step that spends the budget (FLOPs or training seconds), with one log line."""
