@@ -111,6 +111,25 @@ def test_compare_shows_the_teachers_flops_apart(compress_run, tmp_path):
     assert arms["distilled"]["teacher_flops"]["mean"] == teacher and arms["full"]["teacher_flops"]["n"] == 0
 
 
+@pytest.mark.slow
+def test_the_scratch_arm_distils_a_fresh_smaller_model_from_the_full_teacher(compress_run, multi30k_dir, tmp_path):
+    """scripts/compress_study.sh's scratch-distill arm: the distilled run's final architecture freshly initialised
+    (pruning.init_layout), the full starting model as the given teacher. The teacher has every head, the student
+    fewer: a teacher is checked on what changes its function apart from its heads, so it is taken."""
+    source, out = compress_run
+    layout = out / "pruned" / "prunetrain_layout.json"
+    run = tmp_path / "scratch"
+    result = run_cli("recipe", "wmt-small-deen-compress", "--smoke", "--set", "model.init_from=", "--set",
+                     f"distill.teacher={source}", "--set", f"pruning.init_layout={layout}", "--set",
+                     "pruning.schedule_steps={}", "--set", "pruning.shrink_steps=[]", "--set", "pruning.curve_steps=[]",
+                     "--set", "eval.bench=false", "--data-dir", multi30k_dir, "--output", run)
+    assert result.returncode == 0, result.stderr[-3000:]
+    results = json.loads((run / "results.json").read_text())
+    assert results["heads_kept"] == json.loads((out / "results.json").read_text())["heads_kept"] == 12
+    assert results["distillation"]["teacher"] == "given" or str(source) in results["distillation"]["teacher"]
+    assert results["distillation"]["teacher_forward_flops"] > 0
+
+
 def test_a_starting_model_that_is_not_the_recipes_is_refused_before_the_run(full_smoke_run, smoke_recipe_run,
                                                                              multi30k_dir, tmp_path):
     from prunetrain.cli.recipes import _smoke_overrides

@@ -24,12 +24,23 @@ from pathlib import Path
 
 from torch import nn
 
+from prunetrain.engine.heads import LAYOUT_CONFIG_KEY
+from prunetrain.engine.modeling_prunetrain import SPEC_KEY
+
 # config fields that do not change what the model computes in training or evaluation (dropout is set by the recipe)
 _FREE_FIELDS = frozenset({
     "_name_or_path", "transformers_version", "architectures", "dtype", "torch_dtype", "dropout",
     "attention_dropout", "activation_dropout", "_attn_implementation", "attn_implementation",
     "_attn_implementation_autoset", "output_attentions", "output_hidden_states", "use_cache", "return_dict",
 })
+# the head layout a saved config records: a starting model's is checked on its layout file (every head), a teacher's
+# may be any (a pruned teacher teaches too; a scratch arm's student has fewer heads than its full teacher)
+_HEAD_FIELDS = frozenset({LAYOUT_CONFIG_KEY, SPEC_KEY})
+
+
+def _short(value) -> str:
+    shown = repr(value)
+    return shown if len(shown) <= 60 else shown[:57] + "..."
 
 
 def _model_dir(path: str, key: str) -> Path:
@@ -95,9 +106,11 @@ def check_fits_recipe(recipe, model_dir: Path, key: str, built_config, *, full: 
                              f"the full model (every head), which the run then prunes.")
     saved = type(built_config).from_dict(config_dict(model_dir, key)).to_dict()  # defaults filled in as built
     wanted = built_config.to_dict()
-    differ = sorted(k for k in set(saved) | set(wanted) if k not in _FREE_FIELDS and saved.get(k) != wanted.get(k))
+    differ = sorted(k for k in set(saved) | set(wanted)
+                    if k not in _FREE_FIELDS | _HEAD_FIELDS and saved.get(k) != wanted.get(k))
     if differ:
-        shown = ", ".join(f"{k}: {saved.get(k)!r} (the recipe's model: {wanted.get(k)!r})" for k in differ[:4])
+        shown = ", ".join(f"{k}: {_short(saved.get(k))} (the recipe's model: {_short(wanted.get(k))})"
+                          for k in differ[:4])
         raise ValueError(f"{key}: {str(model_dir)!r} is not the recipe's model ({shown}); set the model section "
                          f"to the trained model's sizes.")
 
