@@ -26,6 +26,7 @@ from torch import nn
 
 from prunetrain.engine.heads import LAYOUT_CONFIG_KEY
 from prunetrain.engine.modeling_prunetrain import SPEC_KEY
+from prunetrain.mt.translation import short_repr
 
 # config fields that do not change what the model computes in training or evaluation (dropout is set by the recipe)
 _FREE_FIELDS = frozenset({
@@ -36,11 +37,6 @@ _FREE_FIELDS = frozenset({
 # the head layout a saved config records: a starting model's is checked on its layout file (every head), a teacher's
 # may be any (a pruned teacher teaches too; a scratch arm's student has fewer heads than its full teacher)
 _HEAD_FIELDS = frozenset({LAYOUT_CONFIG_KEY, SPEC_KEY})
-
-
-def _short(value) -> str:
-    shown = repr(value)
-    return shown if len(shown) <= 60 else shown[:57] + "..."
 
 
 def _model_dir(path: str, key: str) -> Path:
@@ -109,7 +105,7 @@ def check_fits_recipe(recipe, model_dir: Path, key: str, built_config, *, full: 
     differ = sorted(k for k in set(saved) | set(wanted)
                     if k not in _FREE_FIELDS | _HEAD_FIELDS and saved.get(k) != wanted.get(k))
     if differ:
-        shown = ", ".join(f"{k}: {_short(saved.get(k))} (the recipe's model: {_short(wanted.get(k))})"
+        shown = ", ".join(f"{k}: {short_repr(saved.get(k))} (the recipe's model: {short_repr(wanted.get(k))})"
                           for k in differ[:4])
         raise ValueError(f"{key}: {str(model_dir)!r} is not the recipe's model ({shown}); set the model section "
                          f"to the trained model's sizes.")

@@ -79,12 +79,12 @@ def _check_sources(sources) -> list[str]:
     """The sentences to translate as a list of str: a bare string (one text, which would be translated character by
     character) or a non-string sentence is refused."""
     if isinstance(sources, (str, bytes)) or not isinstance(sources, Iterable):
-        raise ValueError(f"sources: {_short(sources)} is not a list of sentences; pass a list of str (one sentence "
+        raise ValueError(f"sources: {short_repr(sources)} is not a list of sentences; pass a list of str (one sentence "
                          f"per item, e.g. [text] for one).")
     sources = list(sources)
     for index, source in enumerate(sources):
         if not isinstance(source, str):
-            raise ValueError(f"sources: item {index + 1} is {_short(source)}, not a str sentence.")
+            raise ValueError(f"sources: item {index + 1} is {short_repr(source)}, not a str sentence.")
     return sources
 
 
@@ -92,15 +92,16 @@ def _check_pairs(pairs) -> list[tuple[str, str]]:
     """Sentence pairs as a list of (source, reference) str pairs: a bare string or a pair of another shape is
     refused, never unpacked character by character."""
     if isinstance(pairs, (str, bytes)) or not isinstance(pairs, Iterable):
-        raise ValueError(f"pairs: {_short(pairs)} is not a list of (source, reference) pairs.")
+        raise ValueError(f"pairs: {short_repr(pairs)} is not a list of (source, reference) pairs.")
     pairs = list(pairs)
     for index, pair in enumerate(pairs):
         if not (isinstance(pair, (tuple, list)) and len(pair) == 2 and all(isinstance(p, str) for p in pair)):
-            raise ValueError(f"pairs: item {index + 1} is {_short(pair)}, not a (source, reference) pair of str.")
+            raise ValueError(f"pairs: item {index + 1} is {short_repr(pair)}, not a (source, reference) pair of str.")
     return pairs
 
 
-def _short(value) -> str:
+def short_repr(value) -> str:
+    """`repr(value)` cut to 60 characters, for one-line messages."""
     text = repr(value)
     return text if len(text) <= 60 else text[:57] + "..."
 
@@ -460,5 +461,5 @@ def evaluate_directory(model_path: str | os.PathLike, data_dir: str | os.PathLik
     return result
 
 
-__all__ = ["check_tokenizer_fits", "evaluate_bleu", "evaluate_directory", "find_tokenizer_dir", "load_model_tokenizer", "load_translation_model",
+__all__ = ["check_tokenizer_fits", "short_repr", "evaluate_bleu", "evaluate_directory", "find_tokenizer_dir", "load_model_tokenizer", "load_translation_model",
            "save_translation_model", "score_translations", "translate"]
