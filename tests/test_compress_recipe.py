@@ -115,17 +115,25 @@ def test_compare_shows_the_teachers_flops_apart(compress_run, tmp_path):
 def test_the_scratch_arm_distils_a_fresh_smaller_model_from_the_full_teacher(compress_run, multi30k_dir, tmp_path):
     """scripts/compress_study.sh's scratch-distill arm: the distilled run's final architecture freshly initialised
     (pruning.init_layout), the full starting model as the given teacher. The teacher has every head, the student
-    fewer: a teacher is checked on what changes its function apart from its heads, so it is taken."""
+    fewer: a teacher is checked on what changes its function apart from its heads, so it is taken. As in the study,
+    it trains for the distilled run's student FLOPs (a FLOP budget with a teacher: the teacher's forwards are
+    counted apart, never in the budget), so it ends on that budget, after more steps than the larger student took."""
     source, out = compress_run
     layout = out / "pruned" / "prunetrain_layout.json"
+    distilled = json.loads((out / "results.json").read_text())
     run = tmp_path / "scratch"
     result = run_cli("recipe", "wmt-small-deen-compress", "--smoke", "--set", "model.init_from=", "--set",
                      f"distill.teacher={source}", "--set", f"pruning.init_layout={layout}", "--set",
                      "pruning.schedule_steps={}", "--set", "pruning.shrink_steps=[]", "--set", "pruning.curve_steps=[]",
-                     "--set", "eval.bench=false", "--data-dir", multi30k_dir, "--output", run)
+                     "--set", "eval.bench=false", "--set", "train.max_steps=0", "--set", "train.epochs=20", "--set",
+                     f"train.max_flops={float(distilled['train_flops'])}", "--data-dir", multi30k_dir, "--output", run)
     assert result.returncode == 0, result.stderr[-3000:]
     results = json.loads((run / "results.json").read_text())
-    assert results["heads_kept"] == json.loads((out / "results.json").read_text())["heads_kept"] == 12
+    assert results["heads_kept"] == distilled["heads_kept"] == 12
+    steps = results["steps"]
+    assert results["flop_budget_reached_at_step"] == steps > distilled["steps"]
+    # stopped by the budget (not the epochs) on the step that spent it: over it by less than a few steps' FLOPs
+    assert distilled["train_flops"] <= results["train_flops"] < distilled["train_flops"] * (1 + 4 / steps)
     assert results["distillation"]["teacher"] == "given" or str(source) in results["distillation"]["teacher"]
     assert results["distillation"]["teacher_forward_flops"] > 0
 

@@ -17,6 +17,7 @@ from prunetrain.bench.step_flops import BatchShape, StepFlopModel, batch_shape, 
 from prunetrain.mt.data import build_dataset, collate_batches, make_collator, marian_config, read_parallel, \
     train_tokenizer
 from prunetrain.training.callbacks import HeadPruningCallback
+from prunetrain.training.compute import TrainingFlopMeter
 from prunetrain.training.metric_points import MetricPointsCallback
 from prunetrain.zoo import tiny_inputs, tiny_model
 
@@ -294,3 +295,6 @@ def test_a_flop_budget_on_a_model_whose_flops_cannot_be_counted_is_refused_at_th
                       callbacks=[free])
     trainer.train()
     assert trainer.state.global_step == 3 and not free.meter.counted and "cannot be counted" in free.meter.failure
+    resumed = TrainingFlopMeter()  # a checkpoint carries the reason, so a resumed budget is refused with it too
+    resumed.load_state_dict(free.meter.state_dict())
+    assert not resumed.counted and resumed.failure == free.meter.failure

@@ -114,9 +114,10 @@ class TrainingFlopMeter:
         return self._fit
 
     def state_dict(self) -> dict:
-        return {"total": self.total, "counted": self.counted, "fits": self.fits}
+        return {"total": self.total, "counted": self.counted, "failure": self.failure, "fits": self.fits}
 
     def load_state_dict(self, state: dict) -> None:
         self.total = int(state.get("total", 0))
         self.counted = bool(state.get("counted", True))
+        self.failure = str(state.get("failure", ""))  # a resumed run refuses a FLOP budget with the same reason
         self.fits = list(state.get("fits", []))
