@@ -149,6 +149,10 @@ def _beam_tie(model, tokenizer, source: str, num_beams: int = 4, ulps: int = 2) 
     enc = tokenizer([source], return_tensors="pt")
     eos, pad, start = tokenizer.eos_token_id, tokenizer.pad_token_id, model.config.decoder_start_token_id
     beams, finished = [([], torch.tensor(0.0))], 0
+
+    def tied(a, b):
+        return abs(a - b) <= ulps * torch.finfo(torch.float32).eps * max(abs(a), abs(b))
+
     for step in range(MAX_NEW_TOKENS):
         with torch.no_grad():
             logits = model(**enc, decoder_input_ids=torch.tensor([[start] + p for p, _ in beams])).logits[:, -1]
@@ -156,9 +160,6 @@ def _beam_tie(model, tokenizer, source: str, num_beams: int = 4, ulps: int = 2) 
         scores = torch.stack([s for _, s in beams])[:, None] + torch.log_softmax(logits, -1)
         top = torch.topk(scores.flatten(), 2 * num_beams + 1)
         cands = [(v, divmod(i.item(), scores.shape[1])) for v, i in zip(top.values, top.indices)]
-
-        def tied(a, b):
-            return abs(a - b) <= ulps * torch.finfo(torch.float32).eps * max(abs(a), abs(b))
 
         running = [k for k, (_, (_, t)) in enumerate(cands) if t != eos]
         pairs = [(running[num_beams - 1], running[num_beams])] if len(running) > num_beams else []

@@ -26,7 +26,7 @@ from torch import nn
 
 from prunetrain.engine.heads import LAYOUT_CONFIG_KEY
 from prunetrain.engine.modeling_prunetrain import SPEC_KEY
-from prunetrain.mt.translation import short_repr
+from prunetrain.utils.validate import short_repr
 
 # config fields that do not change what the model computes in training or evaluation (dropout is set by the recipe)
 _FREE_FIELDS = frozenset({

@@ -22,7 +22,7 @@ from torch import nn
 
 from prunetrain.utils.device import bf16_is_fast, device_of
 from prunetrain.utils.progress import bar
-from prunetrain.utils.validate import check_bool, check_int
+from prunetrain.utils.validate import check_bool, check_int, short_repr
 
 DEFAULT_MAX_LEN_A = 1.5
 DEFAULT_MAX_LEN_B = 10
@@ -98,12 +98,6 @@ def _check_pairs(pairs) -> list[tuple[str, str]]:
         if not (isinstance(pair, (tuple, list)) and len(pair) == 2 and all(isinstance(p, str) for p in pair)):
             raise ValueError(f"pairs: item {index + 1} is {short_repr(pair)}, not a (source, reference) pair of str.")
     return pairs
-
-
-def short_repr(value) -> str:
-    """`repr(value)` cut to 60 characters, for one-line messages."""
-    text = repr(value)
-    return text if len(text) <= 60 else text[:57] + "..."
 
 
 def _check_decoding(batch_size, num_beams, max_new_tokens=None, max_source_length=None, suppress_pad=True) -> None:
@@ -461,5 +455,5 @@ def evaluate_directory(model_path: str | os.PathLike, data_dir: str | os.PathLik
     return result
 
 
-__all__ = ["check_tokenizer_fits", "short_repr", "evaluate_bleu", "evaluate_directory", "find_tokenizer_dir", "load_model_tokenizer", "load_translation_model",
+__all__ = ["check_tokenizer_fits", "evaluate_bleu", "evaluate_directory", "find_tokenizer_dir", "load_model_tokenizer", "load_translation_model",
            "save_translation_model", "score_translations", "translate"]

@@ -18,6 +18,12 @@ def allowed_text(values: Iterable[Any]) -> str:
     return ", ".join(repr(v) for v in values)
 
 
+def short_repr(value: Any) -> str:
+    """`repr(value)` cut to 60 characters, for one-line messages."""
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
 def check_choice(argument: str, value: Any, allowed: Sequence[Any]) -> Any:
     """`value` must be one of `allowed`."""
     if isinstance(value, bool) and not any(isinstance(a, bool) for a in allowed):
