@@ -15,6 +15,8 @@ A recipe run recompiles after each shrink (three in the main job), so the compil
 
     python benchmarks/bench_compile_step.py --threads 2 --precision fp32   # results/compile_step_fp32.json
     python benchmarks/bench_compile_step.py --quick
+    python benchmarks/bench_compile_step.py --device cuda --precision bf16 --mode reduce-overhead \
+        --batch 256 --d-model 512 --ffn-dim 2048                           # the GPU setting's widths, a GPU batch
 """
 
 from __future__ import annotations
@@ -61,6 +63,9 @@ def main() -> None:
     p = C.parser(__doc__.splitlines()[0], repeats=4)
     p.add_argument("--precision", choices=("bf16", "fp32"), default="fp32")
     p.add_argument("--num-batches", type=int, default=6)
+    p.add_argument("--batch", type=int, default=64, help="sentences per batch (the recipe's: 64)")
+    p.add_argument("--d-model", type=int, default=256, help="model width (the recipe's: 256; its GPU setting: 512)")
+    p.add_argument("--ffn-dim", type=int, default=1024, help="feed-forward width (the recipe's: 1024; GPU: 2048)")
     C.add_device_option(p)
     p.add_argument("--mode", choices=("default", "reduce-overhead", "max-autotune-no-cudagraphs"), default="default",
                    help="torch.compile mode (reduce-overhead: CUDA graphs, for steps bound by kernel launches)")
@@ -68,7 +73,8 @@ def main() -> None:
     C.quiet_transformers()
     env = C.setup(args)
     device = C.chosen_device(args)
-    model, batches = recipe_model_and_batches(64, 3 if args.quick else args.num_batches)
+    model, batches = recipe_model_and_batches(args.batch, 3 if args.quick else args.num_batches,
+                                              d_model=args.d_model, ffn_dim=args.ffn_dim)
     model, batches = model.to(device), [batch.to(device) for batch in batches]
     kept = {s["name"]: s["num_heads"] for s in json.loads(LAYOUT.read_text())["sites"]}
     small = copy.deepcopy(model)
@@ -106,9 +112,12 @@ def main() -> None:
               f"{row['compile_speedup']:9.3f} {row['speed_vs_144']:7.3f} {row['flop_ideal']:6.3f}")
     where = "" if device.type == "cpu" else f"_{device.type}"
     mode = "" if args.mode == "default" else f"_{args.mode}"
-    C.write_json(C.output_path(args, f"compile_step_{args.precision}{where}{mode}"), {
+    size = "" if (args.batch, args.d_model, args.ffn_dim) == (64, 256, 1024) else \
+        f"_b{args.batch}_d{args.d_model}_ffn{args.ffn_dim}"
+    C.write_json(C.output_path(args, f"compile_step_{args.precision}{where}{mode}{size}"), {
         "command": C.command_line(), **env, "threads": torch.get_num_threads(), "precision": args.precision,
-        "device": C.device_label(device), "mode": args.mode,
+        "device": C.device_label(device), "mode": args.mode, "batch": args.batch, "d_model": args.d_model,
+        "ffn_dim": args.ffn_dim,
         "batches": len(batches), "quick": args.quick, "rows": rows})
 
 

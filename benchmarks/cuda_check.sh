@@ -8,17 +8,23 @@
 #      runs it), then sdpa, then a GPU-sized batch of 256. The models get fresh weights (benchmarks/fresh_weights.py),
 #      so the two directories need only their configs, layouts and tokenizers; 2b. the same two layouts at
 #      Transformer-base widths (d_model 512, FFN 2048), batches of 64 and 256;
-#   3. with MAIN_SECONDS > 0: the main job itself, `prunetrain recipe wmt-small-deen`, cut after MAIN_SECONDS.
-# Output in OUT: cuda_check.log (versions, every step's output), smoke_report.md, speed_*.json, speed_base_*.json,
-# main_report.md.
+#   3. with MAIN_SECONDS > 0: the main job itself, `prunetrain recipe wmt-small-deen`, cut after MAIN_SECONDS;
+#   4. the compress recipe's smoke preset on CUDA (`wmt-small-deen-compress --smoke`: distillation from a frozen
+#      teacher on the GPU while the student is pruned and shrunk), from a smoke run of the main recipe with pruning
+#      off as its starting model.
+# STEPS="2b 4" runs only the steps named (default: 1 2 2b 3 4). Output in OUT: cuda_check.log (versions, every step's
+# output), smoke_report.md, speed_*.json, speed_base_*.json, main_report.md, compress_smoke_report.md.
 #
 #   bash benchmarks/cuda_check.sh OUT DATA_DIR FULL_DIR PRUNED_DIR [MAIN_SECONDS]
+#   STEPS="2b 4" bash benchmarks/cuda_check.sh OUT DATA_DIR FULL_DIR PRUNED_DIR
 set -uo pipefail
 out=$1 data=$2 full=$3 pruned=$4 main_seconds=${5:-0}
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
 work=$(mktemp -d)
 log="$out/cuda_check.log"
 step() { echo "== $(date -u +%T) $*" | tee -a "$log"; }
+steps=" ${STEPS:-1 2 2b 3 4} "
+wanted() { [[ "$steps" == *" $1 "* ]]; }
 
 step "versions"
 { nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
@@ -26,32 +32,49 @@ step "versions"
 'cuda', torch.version.cuda, 'transformers', transformers.__version__, 'bf16', torch.cuda.is_bf16_supported())"
   nproc; } >> "$log" 2>&1
 
-step "1. smoke recipe on CUDA"
-timeout 240 python -m prunetrain recipe wmt-small-deen --smoke --data-dir "$data" --output "$work/smoke" >> "$log" 2>&1
-echo "rc=$?" >> "$log"
-cp "$work/smoke/report.md" "$out/smoke_report.md" 2>> "$log"
-
-step "2. training-step speed, full vs pruned, CUDA bf16"
-python benchmarks/fresh_weights.py "$full" "$work/full" >> "$log" 2>&1
-python benchmarks/fresh_weights.py "$pruned" "$work/pruned" >> "$log" 2>&1
-for setting in "64 eager" "64 sdpa" "256 eager"; do
-  set -- $setting
-  timeout 120 python benchmarks/bench_recipe_train_speed.py "$work/full" "$work/pruned" --data-dir "$data" \
-    --device cuda --precision bf16 --batch "$1" --attn "$2" --out "$out/speed_b$1_$2.json" >> "$log" 2>&1
+if wanted 1; then
+  step "1. smoke recipe on CUDA"
+  timeout 240 python -m prunetrain recipe wmt-small-deen --smoke --data-dir "$data" --output "$work/smoke" >> "$log" 2>&1
   echo "rc=$?" >> "$log"
-done
+  cp "$work/smoke/report.md" "$out/smoke_report.md" 2>> "$log"
+fi
 
-step "2b. the same two layouts at Transformer-base widths (d_model 512, FFN 2048: the recipe's GPU setting)"
-python benchmarks/fresh_weights.py "$full" "$work/full_base" --d-model 512 --ffn-dim 2048 >> "$log" 2>&1
-python benchmarks/fresh_weights.py "$pruned" "$work/pruned_base" --d-model 512 --ffn-dim 2048 >> "$log" 2>&1
-for setting in "64 eager" "256 eager"; do
-  set -- $setting
-  timeout 150 python benchmarks/bench_recipe_train_speed.py "$work/full_base" "$work/pruned_base" --data-dir "$data" \
-    --device cuda --precision bf16 --batch "$1" --attn "$2" --out "$out/speed_base_b$1_$2.json" >> "$log" 2>&1
+if wanted 2; then
+  step "2. training-step speed, full vs pruned, CUDA bf16"
+  python benchmarks/fresh_weights.py "$full" "$work/full" >> "$log" 2>&1
+  python benchmarks/fresh_weights.py "$pruned" "$work/pruned" >> "$log" 2>&1
+  for setting in "64 eager" "64 sdpa" "256 eager"; do
+    set -- $setting
+    timeout 120 python benchmarks/bench_recipe_train_speed.py "$work/full" "$work/pruned" --data-dir "$data" \
+      --device cuda --precision bf16 --batch "$1" --attn "$2" --out "$out/speed_b$1_$2.json" >> "$log" 2>&1
+    echo "rc=$?" >> "$log"
+  done
+fi
+
+if wanted 2b; then
+  step "2b. the same two layouts at Transformer-base widths (d_model 512, FFN 2048: the recipe's GPU setting)"
+  python benchmarks/fresh_weights.py "$full" "$work/full_base" --d-model 512 --ffn-dim 2048 >> "$log" 2>&1
+  python benchmarks/fresh_weights.py "$pruned" "$work/pruned_base" --d-model 512 --ffn-dim 2048 >> "$log" 2>&1
+  for setting in "64 eager" "256 eager" "256 sdpa"; do
+    set -- $setting
+    timeout 150 python benchmarks/bench_recipe_train_speed.py "$work/full_base" "$work/pruned_base" --data-dir "$data" \
+      --device cuda --precision bf16 --batch "$1" --attn "$2" --out "$out/speed_base_b$1_$2.json" >> "$log" 2>&1
+    echo "rc=$?" >> "$log"
+  done
+fi
+
+if wanted 4; then
+  step "4. the compress recipe's smoke preset on CUDA (distillation from a teacher on the GPU)"
+  timeout 240 python -m prunetrain recipe wmt-small-deen --smoke --data-dir "$data" --set 'pruning.schedule_steps={}' \
+    --set 'pruning.shrink_steps=[]' --output "$work/full_smoke" >> "$log" 2>&1
   echo "rc=$?" >> "$log"
-done
+  timeout 240 python -m prunetrain recipe wmt-small-deen-compress --smoke --data-dir "$data" \
+    --set "model.init_from=$work/full_smoke" --output "$work/compress_smoke" >> "$log" 2>&1
+  echo "rc=$?" >> "$log"
+  cp "$work/compress_smoke/report.md" "$out/compress_smoke_report.md" 2>> "$log"
+fi
 
-if [ "$main_seconds" -gt 0 ]; then
+if wanted 3 && [ "$main_seconds" -gt 0 ]; then
   step "3. the main job on CUDA, cut after $main_seconds s"
   timeout "$main_seconds" python -m prunetrain recipe wmt-small-deen --data-dir "$data" --output "$work/main" \
     >> "$log" 2>&1

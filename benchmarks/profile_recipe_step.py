@@ -110,9 +110,10 @@ def profile_step(step: Step) -> dict[str, float]:
     return {k: v / wall for k, v in shares.items()}
 
 
-def recipe_model_and_batches(batch: int, num_batches: int):
+def recipe_model_and_batches(batch: int, num_batches: int, **widths):
     """The recipe's model (random weights, eager attention) and `num_batches` real Multi30k batches of `batch`
-    sentences, length-grouped as the recipe's sampler makes them and spread over the range of lengths."""
+    sentences, length-grouped as the recipe's sampler makes them and spread over the range of lengths. `widths`
+    (`d_model`, `ffn_dim`) override the recipe's widths: `d_model=512, ffn_dim=2048` is its GPU setting."""
     from transformers import MarianMTModel
 
     from prunetrain.mt.data import build_dataset, make_collator, marian_config, read_parallel, train_tokenizer
@@ -120,7 +121,7 @@ def recipe_model_and_batches(batch: int, num_batches: int):
     pairs = read_parallel(DATA, "train")
     tokenizer = train_tokenizer(pairs, vocab_size=8000)
     torch.manual_seed(0)
-    model = MarianMTModel(marian_config(tokenizer, attn_implementation="eager"))
+    model = MarianMTModel(marian_config(tokenizer, attn_implementation="eager", **widths))
     dataset = build_dataset(pairs[: batch * num_batches * 8], tokenizer, max_length=128)
     order = sorted(range(len(dataset)), key=lambda i: len(dataset[i]["input_ids"]))
     chunks = [order[i:i + batch] for i in range(0, len(order) - batch + 1, batch)]
