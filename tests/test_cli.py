@@ -83,6 +83,21 @@ def test_recipe_yaml_validation_lists_valid_keys(tmp_path):
     assert recipe.model.layers == 6 and recipe.model.heads == 8
 
 
+def test_settings_changed_names_what_a_run_changed_from_the_recipe_as_written(tmp_path):
+    from prunetrain.mt.recipe import settings_changed
+
+    assert settings_changed(load_recipe("wmt-small-deen").to_dict()) == []
+    changed = load_recipe("wmt-small-deen", ["train.seed=3", "pruning.schedule_steps={}", "pruning.shrink_steps=[]",
+                                             "model.heads=4", "eval.print_test=false"]).to_dict()
+    assert settings_changed(changed) == ["model.heads", "train.seed", "pruning.schedule_steps", "pruning.shrink_steps",
+                                         "eval.print_test"]
+    setting_the_default = load_recipe("wmt-small-deen", ["train.seed=0"]).to_dict()  # the value as written
+    assert settings_changed(setting_the_default) == []
+    own = tmp_path / "mine.yaml"  # a recipe file no packaged recipe is named after: nothing to compare with
+    own.write_text("name: mine\n")
+    assert settings_changed(load_recipe(str(own)).to_dict()) is None
+
+
 @pytest.fixture(scope="module")
 def saved_translation_model(tmp_path_factory, multi30k_dir):
     from transformers import MarianMTModel
@@ -175,6 +190,9 @@ def test_smoke_recipe_runs_end_to_end(smoke_recipe_run):
     assert [(g["from_step"], g["to_step"], g["heads"]) for g in results["step_rate"]] == [(1, 20, 24), (21, 40, 15)]
     assert results["kept_per_kind"] == {"encoder_self": 4, "decoder_self": 4, "cross": 4}
     report = (out / "report.md").read_text()
+    # the description is the recipe as written; the smoke preset's changes are named under it
+    assert "this run changed 33 of its settings (`data.dir`, `data.train_limit`, `data.vocab_size`," in report
+    assert "and 25 more): `recipe.yaml` in the run directory holds every value it ran with." in report
     for heading in ("Final results", "Test BLEU over training", "Training speed between shrinks",
                     "Pruning during training", "Pruned-BLEU curves", "Speed: original vs shrunk"):
         assert f"## {heading}" in report, heading

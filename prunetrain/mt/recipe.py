@@ -497,6 +497,23 @@ def load_recipe(name_or_path: str, overrides: list[str] | None = None, directory
     return recipe_from_dict(data)
 
 
+def settings_changed(recipe: dict, directory: Path = RECIPES_DIR) -> list[str] | None:
+    """The `section.key` names whose values in a run's recipe (`Recipe.to_dict()`) differ from the packaged recipe of
+    the same name as written (a `--smoke` preset, `--set`, `--data-dir`), in section order; the description is not
+    compared. None when no packaged recipe has that name or it no longer validates (a run from a recipe file)."""
+    try:
+        written = load_recipe(recipe["name"], directory=directory).to_dict()
+    except (ValueError, KeyError):
+        return None
+    changed = []
+    for section, values in recipe.items():
+        if isinstance(values, dict) and isinstance(written.get(section), dict):
+            changed += [f"{section}.{key}" for key, value in values.items() if written[section].get(key) != value]
+        elif section != "description" and written.get(section) != values:
+            changed.append(section)
+    return changed
+
+
 def recipe_class(data: dict):
     """The dataclass a raw recipe mapping validates into, chosen by its `kind` key (default "translation")."""
     kind = data.get("kind", "translation") if isinstance(data, dict) else "translation"

@@ -139,6 +139,19 @@ def _stability_table(run: Path) -> list[str]:
     return lines + [""]
 
 
+def _changed_settings_lines(recipe: dict, shown: int = 8) -> list[str]:
+    """A line under the description (which is the recipe's as written) naming the settings this run changed."""
+    from prunetrain.mt.recipe import settings_changed
+
+    changed = settings_changed(recipe)
+    if not changed:
+        return []
+    names = ", ".join(f"`{name}`" for name in changed[:shown])
+    more = f" and {len(changed) - shown} more" if len(changed) > shown else ""
+    return [f"The description above is the recipe as written; this run changed {len(changed)} of its settings "
+            f"({names}{more}): `recipe.yaml` in the run directory holds every value it ran with.", ""]
+
+
 def write_report(run: str | Path, results: dict) -> Path:
     run = Path(run)
     recipe = results["recipe"]
@@ -148,6 +161,7 @@ def write_report(run: str | Path, results: dict) -> Path:
         "",
         recipe.get("description", "").strip(),
         "",
+        *_changed_settings_lines(recipe),
         f"Model as run: {recipe['model']['layers']}+{recipe['model']['layers']} layers, {recipe['model']['heads']} "
         f"heads per attention, d_model {recipe['model']['d_model']}, FFN {recipe['model']['ffn_dim']}; " +
         _planned_length(recipe['train']) + f" planned, precision {recipe['train']['precision']}.",
