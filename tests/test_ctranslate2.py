@@ -429,8 +429,8 @@ def test_family_beam_translations_identical_up_to_the_prefix_rule(family_export,
     Beam search also needs `renormalize_logits=True`: transformers' `suppress_tokens` takes the pad token out after
     the log-softmax (a beam's score then lacks log(1 - p(pad)) at each step), the engine's -inf output bias takes it
     out before, and the widened models give the pad a real probability (a trained model gives it little, and the
-    Marian beam test above uses the switch too). Measured without it: 1 of 100 Pegasus beam outputs differs, cut at the length
-    limit, where transformers' beam has the higher unrenormalized score."""
+    Marian beam test above uses the switch too). Measured without it: 1 of 100 Pegasus beam outputs differs, cut at
+    the length limit, where transformers' beam has the higher unrenormalized score."""
     name, model, directory, _ = family_export
     sources = test_sources[:FAMILY_SOURCES]
     differ = _compare(model, lang_tokenizer, directory, sources, 4, early_stopping=True, renormalize_logits=True)
