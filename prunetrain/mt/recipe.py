@@ -503,7 +503,7 @@ def settings_changed(recipe: dict, directory: Path = RECIPES_DIR) -> list[str] |
     compared. None when no packaged recipe has that name or it no longer validates (a run from a recipe file)."""
     try:
         written = load_recipe(recipe["name"], directory=directory).to_dict()
-    except (ValueError, KeyError):
+    except (ValueError, KeyError, OSError):
         return None
     changed = []
     for section, values in recipe.items():
