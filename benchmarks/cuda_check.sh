@@ -39,28 +39,30 @@ if wanted 1; then
   cp "$work/smoke/report.md" "$out/smoke_report.md" 2>> "$log"
 fi
 
-if wanted 2; then
-  step "2. training-step speed, full vs pruned, CUDA bf16"
-  python benchmarks/fresh_weights.py "$full" "$work/full" >> "$log" 2>&1
-  python benchmarks/fresh_weights.py "$pruned" "$work/pruned" >> "$log" 2>&1
-  for setting in "64 eager" "64 sdpa" "256 eager"; do
+# speed_pair TAG SECONDS "FRESH_WEIGHTS_OPTIONS" "BATCH ATTN"...: fresh weights of both layouts (widened by the
+# options), then one interleaved training-step comparison per setting, into $out/speed${TAG}_bBATCH_ATTN.json
+speed_pair() {
+  local tag=$1 seconds=$2 widen=$3 setting
+  shift 3
+  python benchmarks/fresh_weights.py "$full" "$work/full$tag" $widen >> "$log" 2>&1
+  python benchmarks/fresh_weights.py "$pruned" "$work/pruned$tag" $widen >> "$log" 2>&1
+  for setting in "$@"; do
     set -- $setting
-    timeout 120 python benchmarks/bench_recipe_train_speed.py "$work/full" "$work/pruned" --data-dir "$data" \
-      --device cuda --precision bf16 --batch "$1" --attn "$2" --out "$out/speed_b$1_$2.json" >> "$log" 2>&1
+    timeout "$seconds" python benchmarks/bench_recipe_train_speed.py "$work/full$tag" "$work/pruned$tag" \
+      --data-dir "$data" --device cuda --precision bf16 --batch "$1" --attn "$2" --out "$out/speed${tag}_b$1_$2.json" \
+      >> "$log" 2>&1
     echo "rc=$?" >> "$log"
   done
+}
+
+if wanted 2; then
+  step "2. training-step speed, full vs pruned, CUDA bf16"
+  speed_pair "" 120 "" "64 eager" "64 sdpa" "256 eager"
 fi
 
 if wanted 2b; then
   step "2b. the same two layouts at Transformer-base widths (d_model 512, FFN 2048: the recipe's GPU setting)"
-  python benchmarks/fresh_weights.py "$full" "$work/full_base" --d-model 512 --ffn-dim 2048 >> "$log" 2>&1
-  python benchmarks/fresh_weights.py "$pruned" "$work/pruned_base" --d-model 512 --ffn-dim 2048 >> "$log" 2>&1
-  for setting in "64 eager" "256 eager" "256 sdpa"; do
-    set -- $setting
-    timeout 150 python benchmarks/bench_recipe_train_speed.py "$work/full_base" "$work/pruned_base" --data-dir "$data" \
-      --device cuda --precision bf16 --batch "$1" --attn "$2" --out "$out/speed_base_b$1_$2.json" >> "$log" 2>&1
-    echo "rc=$?" >> "$log"
-  done
+  speed_pair _base 150 "--d-model 512 --ffn-dim 2048" "64 eager" "256 eager" "256 sdpa"
 fi
 
 if wanted 4; then

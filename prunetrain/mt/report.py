@@ -7,6 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from prunetrain.methods.importance import HeadScores
+from prunetrain.mt.recipe import settings_changed
 from prunetrain.utils.files import read_json
 from prunetrain.utils.plots import heatmap_figure, save_figure
 
@@ -141,8 +142,6 @@ def _stability_table(run: Path) -> list[str]:
 
 def _changed_settings_lines(recipe: dict, shown: int = 8) -> list[str]:
     """A line under the description (which is the recipe's as written) naming the settings this run changed."""
-    from prunetrain.mt.recipe import settings_changed
-
     changed = settings_changed(recipe)
     if not changed:
         return []
