@@ -12,8 +12,11 @@
 #   4. the compress recipe's smoke preset on CUDA (`wmt-small-deen-compress --smoke`: distillation from a frozen
 #      teacher on the GPU while the student is pruned and shrunk), from a smoke run of the main recipe with pruning
 #      off as its starting model.
-# STEPS="2b 4" runs only the steps named (default: 1 2 2b 3 4). Output in OUT: cuda_check.log (versions, every step's
-# output), smoke_report.md, speed_*.json, speed_base_*.json, main_report.md, compress_smoke_report.md.
+#   5. the training step profiled on CUDA (benchmarks/profile_recipe_step.py, bf16, eager): at the recipe's width and
+#      batch, at Transformer-base widths with batches of 256, 1024 and 4096 — kernel time by op, how busy the GPU is,
+#      kernels launched, for 144, 108/72 masked, 72/36 shrunk heads.
+# STEPS="2b 4" runs only the steps named (default: 1 2 2b 3 4 5). Output in OUT: cuda_check.log (versions, every step's
+# output), smoke_report.md, speed_*.json, speed_base_*.json, main_report.md, compress_smoke_report.md, profile_*.json.
 #
 #   bash benchmarks/cuda_check.sh OUT DATA_DIR FULL_DIR PRUNED_DIR [MAIN_SECONDS]
 #   STEPS="2b 4" bash benchmarks/cuda_check.sh OUT DATA_DIR FULL_DIR PRUNED_DIR
@@ -23,7 +26,7 @@ export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
 work=$(mktemp -d)
 log="$out/cuda_check.log"
 step() { echo "== $(date -u +%T) $*" | tee -a "$log"; }
-steps=" ${STEPS:-1 2 2b 3 4} "
+steps=" ${STEPS:-1 2 2b 3 4 5} "
 wanted() { [[ "$steps" == *" $1 "* ]]; }
 
 step "versions"
@@ -82,5 +85,15 @@ if wanted 3 && [ "$main_seconds" -gt 0 ]; then
     >> "$log" 2>&1
   echo "rc=$?" >> "$log"
   cp "$work/main/report.md" "$out/main_report.md" 2>> "$log"
+fi
+
+if wanted 5; then
+  step "5. the training step profiled on CUDA, bf16: kernel time by op, GPU busy, kernels launched"
+  for size in ${PROFILE_SIZES:-64x256x1024 256x512x2048 1024x512x2048 4096x512x2048}; do  # batch x d_model x FFN
+    IFS=x read -r batch width ffn <<< "$size"
+    timeout 170 python benchmarks/profile_recipe_step.py --device cuda --precisions bf16 --repeats 3 --batch "$batch" \
+      --d-model "$width" --ffn-dim "$ffn" --data-dir "$data" --out "$out/profile_b${batch}_d$width.json" >> "$log" 2>&1
+    echo "rc=$?" >> "$log"
+  done
 fi
 step "done"

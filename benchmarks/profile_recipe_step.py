@@ -16,8 +16,14 @@ self times are summed by category (matmul, attention softmax, layer norm, embedd
 optimizer element-wise ops, copies and reshapes, other) — the profiler slows small ops, so read its shares, not its
 absolute times. FLOP-ideal: matmul FLOPs of the full step over the arm's (`prunetrain.bench.count_flops`).
 
+On CUDA (`--device cuda`) each part is timed from an idle GPU to an idle GPU, and the shares are of the step's GPU
+kernel time, each kernel counted for the aten op that launched it; `kernels` is how many the step launched, and `gpu
+busy` the profiled step's kernel time over the median unprofiled step (not over the profiled step, whose launches the
+profiler slows): far below 1, the step waits on the CPU launching kernels, and fewer heads cannot make it faster.
+
     python benchmarks/profile_recipe_step.py --threads 2 --wait-idle 600   # benchmarks/results/recipe_step_profile.json
     python benchmarks/profile_recipe_step.py --quick                        # smoke run
+    python benchmarks/profile_recipe_step.py --device cuda --precisions bf16 --batch 256 --d-model 512 --ffn-dim 2048
 """
 
 from __future__ import annotations
@@ -73,44 +79,62 @@ def arms(model) -> dict:
 
 
 class Step:
-    """One arm: the model, AdamW, its batches; `run()` trains one step and returns (forward, backward, optimizer) s."""
+    """One arm: the model, AdamW, its batches (on the model's device); `run()` trains one step and returns
+    (forward, backward, optimizer) seconds, on CUDA each from an idle GPU to an idle GPU."""
 
     def __init__(self, model, batches, bf16: bool):
         self.model, self.batches, self.bf16, self.i = model.train(), batches, bf16, 0
+        self.device = next(model.parameters()).device
         self.optimizer = torch.optim.AdamW(model.parameters(), lr=1e-5)
+
+    def clock(self) -> float:
+        if self.device.type == "cuda":  # kernels run asynchronously: wait for them before reading the clock
+            torch.cuda.synchronize(self.device)
+        return time.perf_counter()
 
     def run(self) -> tuple[float, float, float]:
         batch = self.batches[self.i % len(self.batches)]
         self.i += 1
-        start = time.perf_counter()
-        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=self.bf16):
+        start = self.clock()
+        with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.bf16):
             loss = self.model(**batch).loss
-        forward = time.perf_counter()
+        forward = self.clock()
         loss.backward()
-        backward = time.perf_counter()
+        backward = self.clock()
         torch.nn.utils.clip_grad_norm_(self.model.parameters(), 1.0)
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
-        end = time.perf_counter()
+        end = self.clock()
         return forward - start, backward - forward, end - backward
 
 
 def profile_step(step: Step) -> dict[str, float]:
+    """Shares of one profiled step by op category: of its CPU time on a CPU (aten self times, the rest "outside
+    aten"), of its GPU kernel time on CUDA (each kernel for the aten op that launched it), with `kernel_s` (that
+    time in seconds) and `kernels` (launches) beside them."""
+    from torch.autograd import DeviceType
     from torch.profiler import ProfilerActivity, profile
 
-    with profile(activities=[ProfilerActivity.CPU]) as prof:
-        start = time.perf_counter()
+    cuda = step.device.type == "cuda"
+    with profile(activities=[ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])) as prof:
+        start = step.clock()
         step.run()
-        wall = time.perf_counter() - start
+        wall = step.clock() - start
     shares = dict.fromkeys([*CATEGORIES, "other"], 0.0)
+    kernels = 0
     for event in prof.key_averages():
-        if not event.key.startswith(("[", "ProfilerStep", "Optimizer")):
-            shares[category(event.key)] += event.self_cpu_time_total / 1e6
-    shares["outside aten (Python, hooks)"] = max(wall - sum(shares.values()), 0.0)
-    return {k: v / wall for k, v in shares.items()}
+        if event.device_type != DeviceType.CPU:  # a kernel itself: counted, its time already with its aten op
+            kernels += event.count
+        elif not event.key.startswith(("[", "ProfilerStep", "Optimizer")):
+            shares[category(event.key)] += (event.self_device_time_total if cuda else event.self_cpu_time_total) / 1e6
+    if not cuda:
+        shares["outside aten (Python, hooks)"] = max(wall - sum(shares.values()), 0.0)
+        return {k: v / wall for k, v in shares.items()}
+    kernel_s = sum(shares.values())
+    return {**{k: v / kernel_s for k, v in shares.items()}, "kernel_s": kernel_s, "kernels": kernels}
 
 
-def recipe_model_and_batches(batch: int, num_batches: int, **widths):
+def recipe_model_and_batches(batch: int, num_batches: int, data_dir: Path = DATA, **widths):
     """The recipe's model (random weights, eager attention) and `num_batches` real Multi30k batches of `batch`
     sentences, length-grouped as the recipe's sampler makes them and spread over the range of lengths. `widths`
     (`d_model`, `ffn_dim`) override the recipe's widths: `d_model=512, ffn_dim=2048` is its GPU setting."""
@@ -118,7 +142,7 @@ def recipe_model_and_batches(batch: int, num_batches: int, **widths):
 
     from prunetrain.mt.data import build_dataset, make_collator, marian_config, read_parallel, train_tokenizer
 
-    pairs = read_parallel(DATA, "train")
+    pairs = read_parallel(data_dir, "train")
     tokenizer = train_tokenizer(pairs, vocab_size=8000)
     torch.manual_seed(0)
     model = MarianMTModel(marian_config(tokenizer, attn_implementation="eager", **widths))
@@ -134,16 +158,27 @@ def main() -> None:
     p = C.parser(__doc__.splitlines()[0], repeats=8)
     p.add_argument("--batch", type=int, default=64)
     p.add_argument("--num-batches", type=int, default=6)
+    p.add_argument("--d-model", type=int, default=256, help="model width (the recipe's: 256; its GPU setting: 512)")
+    p.add_argument("--ffn-dim", type=int, default=1024, help="feed-forward width (the recipe's: 1024; GPU: 2048)")
+    p.add_argument("--precisions", type=lambda text: text.split(","), default=["bf16", "fp32"],
+                   help="comma-separated, of bf16 (autocast) and fp32 (default: both)")
+    p.add_argument("--data-dir", type=Path, default=DATA, help=f"the Multi30k directory (default {DATA})")
+    C.add_device_option(p)
     args = p.parse_args()
+    if not args.precisions or set(args.precisions) - {"bf16", "fp32"}:
+        p.error(f"--precisions {','.join(args.precisions)!r} is not allowed: a comma-separated list of bf16, fp32")
     C.quiet_transformers()
     env = C.setup(args)
-    model, batches = recipe_model_and_batches(args.batch, args.num_batches)
+    device = C.chosen_device(args)
+    model, batches = recipe_model_and_batches(args.batch, 2 if args.quick else args.num_batches, args.data_dir,
+                                              d_model=args.d_model, ffn_dim=args.ffn_dim)
+    model, batches = model.to(device), [batch.to(device) for batch in batches]
     models = arms(model)
     flops = {name: count_flops(lambda m=m: m(**batches[0]).loss.backward()).total for name, m in models.items()}
     for m in models.values():
         m.zero_grad(set_to_none=True)
     results = {}
-    for precision in ("bf16", "fp32"):
+    for precision in args.precisions:
         steps = {name: Step(m, batches, precision == "bf16") for name, m in models.items()}
         for step in steps.values():
             step.run()
@@ -160,18 +195,23 @@ def main() -> None:
                                           "flop_ideal": flops["144"] / flops[name],
                                           "heads": find_heads(step.model).total_heads,
                                           "profile_shares": profile_step(step)}
+            if device.type == "cuda":
+                shares = results[(precision, name)]["profile_shares"]
+                shares["gpu busy"] = shares["kernel_s"] / sum(medians)
+    tail = "kernels / gpu busy" if device.type == "cuda" else "outside"
     print(f"\n{'precision':9} {'arm':11} {'step s':>7} {'fwd':>6} {'bwd':>6} {'optim':>6} {'speed':>6} {'ideal':>6}  "
-          "profile shares (matmul / softmax / norm / embed / loss / optim / copies / other / outside)")
+          f"profile shares (matmul / softmax / norm / embed / loss / optim / copies / other / {tail})")
     for (precision, name), row in results.items():
         full = results[(precision, "144")]
-        s = row["profile_shares"]
-        print(f"{precision:9} {name:11} {row['step_s']:7.3f} {row['forward_s']:6.3f} {row['backward_s']:6.3f} "
-              f"{row['optimizer_s']:6.3f} {full['step_s'] / row['step_s']:6.2f} {row['flop_ideal']:6.2f}  "
-              + " / ".join(f"{v:.2f}" for v in s.values()))
-    C.write_json(C.output_path(args, "recipe_step_profile"), {
-        "command": C.command_line(), **env, "threads": torch.get_num_threads(), "batch": args.batch,
+        print(f"{precision:9} {name:11} {row['step_s']:7.4f} {row['forward_s']:6.4f} {row['backward_s']:6.4f} "
+              f"{row['optimizer_s']:6.4f} {full['step_s'] / row['step_s']:6.2f} {row['flop_ideal']:6.2f}  "
+              + " / ".join(f"{v}" if isinstance(v, int) else f"{v:.2f}" for k, v in row["profile_shares"].items()
+                           if k != "kernel_s"))
+    suffix = "" if device.type == "cpu" else f"_{device.type}_b{args.batch}_d{args.d_model}"
+    C.write_json(C.output_path(args, "recipe_step_profile" + suffix), {
+        "command": C.command_line(), **env, "device": C.device_label(device), "threads": torch.get_num_threads(),
+        "batch": args.batch, "d_model": args.d_model, "ffn_dim": args.ffn_dim,
         "results": [{"precision": p, "arm": n, **row} for (p, n), row in results.items()]})
-
 
 if __name__ == "__main__":
     main()
