@@ -20,6 +20,14 @@
 #   scratch-distill  the distill arm's final architecture (same seed) freshly initialised and trained from scratch
 #                    with distillation from the same teacher, for the same student FLOPs and with the main recipe's
 #                    from-scratch optimiser settings (peak 7e-4, inverse square root, 400 warm-up steps)
+# Tuning arms, the recipe with one setting changed (fixed 2026-11-28, before any of them ran; compared with `distill`
+# on validation only, scripts/compress_tuning.sh):
+#   tune-lr1e-4, tune-lr4e-4   learning rate 1e-4 / 4e-4 (the recipe: 2e-4)
+#   tune-alpha0.9              distillation weight α 0.9 (0.5)
+#   tune-temp1                 temperature T 1 (2)
+#   tune-hidden1               CoFi's per-layer hidden-state matching added, β 1 (0)
+#   tune-prune-by-90           the same 75 % pruned in three steps by step 90 (30, 60, 90; removed at 60 and 90)
+#                              instead of six by step 180, leaving twice the steps to recover
 # MAX_MINUTES=M sets the wall-time guard train.max_minutes (a slower machine needs more); RESUME=1 continues an
 # interrupted run.
 set -euo pipefail
@@ -34,11 +42,18 @@ case "$arm" in
   plain) sets+=(--set distill.alpha=0) ;;
   at-once-distill) sets+=("${at_once[@]}") ;;
   at-once) sets+=("${at_once[@]}" --set distill.alpha=0) ;;
+  tune-lr1e-4) sets+=(--set train.learning_rate=0.0001) ;;
+  tune-lr4e-4) sets+=(--set train.learning_rate=0.0004) ;;
+  tune-alpha0.9) sets+=(--set distill.alpha=0.9) ;;
+  tune-temp1) sets+=(--set distill.temperature=1.0) ;;
+  tune-hidden1) sets+=(--set distill.hidden_weight=1.0) ;;
+  tune-prune-by-90) sets+=(--set 'pruning.schedule_steps={30: 0.25, 60: 0.5, 90: 0.75}'
+                           --set 'pruning.shrink_steps=[60, 90]' --set 'pruning.curve_steps=[30, 90]') ;;
   scratch-distill) sets=(--set model.init_from= --set "distill.teacher=$start"
                          --set "pruning.init_layout=recipes/results/wmt-small-deen-compress-study/distill-s$seed/layout.json"
                          --set 'pruning.schedule_steps={}' --set 'pruning.shrink_steps=[]' --set 'pruning.curve_steps=[]'
                          --set train.learning_rate=0.0007 --set train.warmup_steps=400 --set train.scheduler=inverse_sqrt) ;;
-  *) fail "unknown arm '$arm' (distill, plain, at-once-distill, at-once, scratch-distill)" ;;
+  *) fail "unknown arm '$arm' (distill, plain, at-once-distill, at-once, scratch-distill, tune-lr1e-4, tune-lr4e-4, tune-alpha0.9, tune-temp1, tune-hidden1, tune-prune-by-90)" ;;
 esac
 if [ -n "${MAX_MINUTES:-}" ]; then
   [[ "$MAX_MINUTES" =~ ^([1-9][0-9]*)$ ]] || fail "MAX_MINUTES '$MAX_MINUTES' is not a positive whole number of minutes"
