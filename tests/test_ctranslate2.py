@@ -31,6 +31,7 @@ HEADS = 4
 NON_UNIFORM = (4, 0, 2, 3, 1, 2)  # encoder layer 1 has no heads left
 PER_STACK = (2, 2, 3, 3, 3, 3)  # one count per stack: no padding
 MAX_NEW_TOKENS = 40
+SENTENCES_LENGTH_PENALTY = 300
 
 
 def _marian(tokenizer, seed: int = 0):
@@ -138,6 +139,24 @@ def test_beam_translations_identical_with_the_same_stopping_rule(exported, m30k_
     # the replay finds ties only where there are some: not in (nearly) every sentence
     assert sum(_beam_tie(model, m30k_tokenizer, source) is not None for source in test_sources[:20]) <= 1
 
+
+@pytest.mark.slow
+def test_beam_with_a_length_penalty_identical_to_generate(exported, m30k_tokenizer, test_sources):
+    """A length penalty other than 1 changes which finished hypothesis wins (log-probability / length^penalty); the
+    engine counts the end token in that length as `generate` does (its seq2seq decoding keeps the end token in every
+    hypothesis and strips it only after ranking, unless `return_end_token`), so at a penalty of 2 the outputs are
+    identical up to float32 ties, as above; and they are not those of penalty 1 (the penalty reaches the engine)."""
+    model, _, directory, _ = exported["non-uniform"]
+    sources = test_sources[:SENTENCES_LENGTH_PENALTY]
+    ours = translate(model, m30k_tokenizer, sources, num_beams=4, max_new_tokens=MAX_NEW_TOKENS, batch_size=50,
+                     early_stopping=True, renormalize_logits=True, length_penalty=2.0)
+    theirs = translate_ctranslate2(directory, sources, num_beams=4, max_new_tokens=MAX_NEW_TOKENS, batch_size=50,
+                                   length_penalty=2.0)
+    differ = [i for i, (a, b) in enumerate(zip(ours, theirs)) if a != b]
+    assert not [i for i in differ if _beam_tie(model, m30k_tokenizer, sources[i]) is None], differ
+    plain = translate_ctranslate2(directory, sources, num_beams=4, max_new_tokens=MAX_NEW_TOKENS, batch_size=50)
+    changed = sum(a != b for a, b in zip(theirs, plain))
+    assert changed >= 30, changed  # 186 of 300 on the test model
 
 def _beam_tie(model, tokenizer, source: str, num_beams: int = 4, ulps: int = 2) -> tuple[int, float] | None:
     """Replay beam search on one sentence as transformers runs it with `early_stopping=True` (each step: the top
