@@ -137,6 +137,14 @@ def chosen_device(args) -> torch.device:
     return default_device() if args.device == "auto" else torch.device(args.device)
 
 
+def device_clock(device: torch.device) -> float:
+    """`time.perf_counter()` once `device` is idle: CUDA runs kernels asynchronously, so a time read without waiting
+    for them would miss the work still queued (on a CPU: the clock as is)."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    return time.perf_counter()
+
+
 def device_label(device: torch.device) -> str:
     """What a result's JSON records as its device: the GPU's name, or cpu."""
     return torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"

@@ -24,7 +24,6 @@ from __future__ import annotations
 import copy
 import json
 import statistics
-import time
 
 import _common as C
 import torch
@@ -45,18 +44,14 @@ class Arm:
         self.bf16, self.device = bf16, device
 
     def step(self, batch) -> float:
-        if self.device.type == "cuda":  # CUDA is asynchronous: time from an idle device to an idle device
-            torch.cuda.synchronize(self.device)
-        start = time.perf_counter()
+        start = C.device_clock(self.device)  # from an idle device to an idle device
         with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.bf16):
             loss = self.forward(**batch).loss
         loss.backward()
         torch.nn.utils.clip_grad_norm_(self.model.parameters(), 1.0)
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
-        if self.device.type == "cuda":
-            torch.cuda.synchronize(self.device)
-        return time.perf_counter() - start
+        return C.device_clock(self.device) - start
 
 
 def main() -> None:

@@ -31,7 +31,6 @@ from __future__ import annotations
 import copy
 import json
 import statistics
-import time
 from pathlib import Path
 
 import _common as C
@@ -88,9 +87,7 @@ class Step:
         self.optimizer = torch.optim.AdamW(model.parameters(), lr=1e-5)
 
     def clock(self) -> float:
-        if self.device.type == "cuda":  # kernels run asynchronously: wait for them before reading the clock
-            torch.cuda.synchronize(self.device)
-        return time.perf_counter()
+        return C.device_clock(self.device)
 
     def run(self) -> tuple[float, float, float]:
         batch = self.batches[self.i % len(self.batches)]
@@ -212,6 +209,7 @@ def main() -> None:
         "command": C.command_line(), **env, "device": C.device_label(device), "threads": torch.get_num_threads(),
         "batch": args.batch, "d_model": args.d_model, "ffn_dim": args.ffn_dim,
         "results": [{"precision": p, "arm": n, **row} for (p, n), row in results.items()]})
+
 
 if __name__ == "__main__":
     main()
