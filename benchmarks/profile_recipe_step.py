@@ -86,22 +86,19 @@ class Step:
         self.device = next(model.parameters()).device
         self.optimizer = torch.optim.AdamW(model.parameters(), lr=1e-5)
 
-    def clock(self) -> float:
-        return C.device_clock(self.device)
-
     def run(self) -> tuple[float, float, float]:
         batch = self.batches[self.i % len(self.batches)]
         self.i += 1
-        start = self.clock()
+        start = C.device_clock(self.device)
         with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.bf16):
             loss = self.model(**batch).loss
-        forward = self.clock()
+        forward = C.device_clock(self.device)
         loss.backward()
-        backward = self.clock()
+        backward = C.device_clock(self.device)
         torch.nn.utils.clip_grad_norm_(self.model.parameters(), 1.0)
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
-        end = self.clock()
+        end = C.device_clock(self.device)
         return forward - start, backward - forward, end - backward
 
 
@@ -114,9 +111,9 @@ def profile_step(step: Step) -> dict[str, float]:
 
     cuda = step.device.type == "cuda"
     with profile(activities=[ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])) as prof:
-        start = step.clock()
+        start = C.device_clock(step.device)
         step.run()
-        wall = step.clock() - start
+        wall = C.device_clock(step.device) - start
     shares = dict.fromkeys([*CATEGORIES, "other"], 0.0)
     kernels = 0
     for event in prof.key_averages():

@@ -158,6 +158,7 @@ def test_beam_with_a_length_penalty_identical_to_generate(exported, m30k_tokeniz
     changed = sum(a != b for a, b in zip(theirs, plain))
     assert changed >= 30, changed  # 186 of 300 on the test model
 
+
 def _beam_tie(model, tokenizer, source: str, num_beams: int = 4, ulps: int = 2) -> tuple[int, float] | None:
     """Replay beam search on one sentence as transformers runs it with `early_stopping=True` (each step: the top
     2·num_beams candidates over beams × vocabulary by cumulative log-probability; an end token among the first
