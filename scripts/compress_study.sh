@@ -12,8 +12,11 @@
 # recipes/results/wmt-small-deen-compress-study/ARM-sSEED (scripts/keep_run.sh). Run one at a time on a quiet machine.
 # Each run prints validation only (eval.print_test=false): settings are chosen on validation.
 # Arms:
-#   distill          the recipe as it is: 75 % of the heads pruned by importance in 12.5 % steps (30..180), with
-#                    distillation from a frozen copy of the starting model (α 0.5, T 2)
+#   distill          the recipe as the study ran it: 75 % of the heads pruned by importance in 12.5 % steps
+#                    (30..180), with distillation from a frozen copy of the starting model (α 0.5, T 2), learning
+#                    rate 2e-4. Every arm but scratch-distill and tune-lr* runs at 2e-4, the recipe's learning rate
+#                    until validation chose 4e-4 (2026-11-28; the recipe's default since, = tune-lr4e-4), so that
+#                    each arm stays the run that is kept
 #   plain            the same without distillation (α 0)
 #   at-once-distill  75 % of the heads pruned at once at step 30 and removed, then fine-tuned, with distillation
 #   at-once          the same without distillation
@@ -36,14 +39,15 @@ source scripts/study_args.sh compress_study.sh "$@"
 start=${START:-checkpoints/proof/off-cooldown-s$seed}
 [ -d "$start" ] || fail "START '$start' is not a directory; train the starting model first (COOLDOWN=0.2 STUDY=proof bash scripts/payoff_study.sh off $seed, as scripts/proof_study.sh does) or give START=DIR"
 sets=(--set "model.init_from=$start")
+learning_rate=0.0002  # the study's: see the arms above
 at_once=(--set 'pruning.schedule_steps={30: 0.75}' --set 'pruning.shrink_steps=[30]')
 case "$arm" in
   distill) ;;
   plain) sets+=(--set distill.alpha=0) ;;
   at-once-distill) sets+=("${at_once[@]}") ;;
   at-once) sets+=("${at_once[@]}" --set distill.alpha=0) ;;
-  tune-lr1e-4) sets+=(--set train.learning_rate=0.0001) ;;
-  tune-lr4e-4) sets+=(--set train.learning_rate=0.0004) ;;
+  tune-lr1e-4) learning_rate=0.0001 ;;
+  tune-lr4e-4) learning_rate=0.0004 ;;
   tune-alpha0.9) sets+=(--set distill.alpha=0.9) ;;
   tune-temp1) sets+=(--set distill.temperature=1.0) ;;
   tune-hidden1) sets+=(--set distill.hidden_weight=1.0) ;;
@@ -52,9 +56,11 @@ case "$arm" in
   scratch-distill) sets=(--set model.init_from= --set "distill.teacher=$start"
                          --set "pruning.init_layout=recipes/results/wmt-small-deen-compress-study/distill-s$seed/layout.json"
                          --set 'pruning.schedule_steps={}' --set 'pruning.shrink_steps=[]' --set 'pruning.curve_steps=[]'
-                         --set train.learning_rate=0.0007 --set train.warmup_steps=400 --set train.scheduler=inverse_sqrt) ;;
+                         --set train.warmup_steps=400 --set train.scheduler=inverse_sqrt)
+                   learning_rate=0.0007 ;;
   *) fail "unknown arm '$arm' (distill, plain, at-once-distill, at-once, scratch-distill, tune-lr1e-4, tune-lr4e-4, tune-alpha0.9, tune-temp1, tune-hidden1, tune-prune-by-90)" ;;
 esac
+sets+=(--set "train.learning_rate=$learning_rate")
 if [ -n "${MAX_MINUTES:-}" ]; then
   [[ "$MAX_MINUTES" =~ ^([1-9][0-9]*)$ ]] || fail "MAX_MINUTES '$MAX_MINUTES' is not a positive whole number of minutes"
   sets+=(--set "train.max_minutes=$MAX_MINUTES")

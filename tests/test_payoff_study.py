@@ -424,6 +424,8 @@ def test_compress_study_runs_each_arm_from_the_seeds_full_model(tmp_path):
         assert "model.init_from=checkpoints/proof/off-cooldown-s3" in args and "train.seed=3" in args, args
         assert "eval.print_test=false" in args, args  # a study run's log prints no test score
         assert all(setting in args for setting in settings), (arm, args)
+        # the study's arms ran at 2e-4, the recipe's learning rate before validation chose 4e-4: pinned, once
+        assert [a for a in args if a.startswith("train.learning_rate=")] == ["train.learning_rate=0.0002"], args
         assert (arm == "plain" or arm == "at-once") == ("distill.alpha=0" in args)
     code, err, args, kept = run(["scratch-distill", "3"], {"MAX_MINUTES": "90"})
     assert code == 0, err
@@ -431,7 +433,12 @@ def test_compress_study_runs_each_arm_from_the_seeds_full_model(tmp_path):
                     "pruning.init_layout=recipes/results/wmt-small-deen-compress-study/distill-s3/layout.json",
                     "pruning.schedule_steps={}", "train.learning_rate=0.0007"):
         assert setting in args, (setting, args)
-    assert kept == ["at-once-distill-s3", "at-once-s3", "distill-s3", "plain-s3", "scratch-distill-s3"]
+    assert "train.learning_rate=0.0002" not in args  # one learning rate each: the from-scratch optimiser's
+    code, err, args, kept = run(["tune-lr4e-4", "3"])
+    assert code == 0, err
+    assert [a for a in args if a.startswith("train.learning_rate=")] == ["train.learning_rate=0.0004"], args
+    assert kept == ["at-once-distill-s3", "at-once-s3", "distill-s3", "plain-s3", "scratch-distill-s3",
+                    "tune-lr4e-4-s3"]
     code, err, args, _ = run(["distill", "4"])
     assert (code, args) == (2, None) and err.startswith("compress_study.sh: START 'checkpoints/proof/off-cooldown-s4' "
                                                         "is not a directory; train the starting model first"), err
