@@ -35,6 +35,7 @@ Rounds are interleaved and rotate their order; medians are reported. Run it alon
 
 from __future__ import annotations
 
+import argparse
 import json
 import statistics
 import subprocess
@@ -104,7 +105,7 @@ def main():
     p.add_argument("--beams", type=int, nargs="+", default=[1, 4], help="beam sizes (default 1 4)")
     p.add_argument("--engines", nargs="+", choices=["pytorch", "ct2"], default=["pytorch", "ct2"],
                    help="engines to time (default both)")
-    p.add_argument("--one", nargs=3, metavar=("ENGINE", "MODEL", "CT2_DIR"), help=argparse_suppress())
+    p.add_argument("--one", nargs=3, metavar=("ENGINE", "MODEL", "CT2_DIR"), help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.one:  # a child: one configuration, its JSON on stdout
         args.engine, args.model, args.ct2 = args.one[0], Path(args.one[1]), Path(args.one[2])
@@ -183,12 +184,6 @@ def main():
         "engines": engines, "sentences": sentences, "rounds": 1 if args.quick else args.repeats,
         "one_process_per_timing": True, "ctranslate2": ctranslate2.__version__, "torch": torch.__version__,
         "models": models, "results": results})
-
-
-def argparse_suppress():
-    import argparse
-
-    return argparse.SUPPRESS
 
 
 if __name__ == "__main__":
