@@ -18,6 +18,12 @@ attention of a stack at the stack's largest head count). `share` = (speed-up −
 Goals (see docs/export.md): CTranslate2 pruned vs CTranslate2 full ≥ 0.9 of the FLOP-ideal speed-up; pruned in
 CTranslate2 ≥ 2.5× its own PyTorch beam-4 throughput.
 
+Engines: `pytorch` (`generate`, fp32), `ct2-float32` and `ct2-int8` (one translator, `intra_threads = threads`),
+`ct2-float32-inter` (`inter_threads = threads`, `intra_threads = 1`: batches decoded in parallel, one core each).
+**Every timed configuration runs in a process of its own** (one per arm, engine and round, both beam sizes inside):
+a second intra-threaded CTranslate2 translator in a process slows every one of them ~3× (benchmarks/README.md j), and
+this script held four in one process until 2026-11-28.
+
 Take the numbers alone on the machine (interleaved rounds, same threads for both engines):
 
     python benchmarks/bench_ctranslate2.py --threads 2 --wait-idle 600     # benchmarks/results/ctranslate2.json
@@ -26,9 +32,12 @@ Take the numbers alone on the machine (interleaved rounds, same threads for both
 
 from __future__ import annotations
 
+import argparse
 import copy
 import json
 import statistics
+import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -63,6 +72,9 @@ def arms(model) -> dict:
             "per-stack": (keep(lambda s: 2),) * 2}
 
 
+ENGINES = ("pytorch", "ct2-float32", "ct2-int8", "ct2-float32-inter")
+
+
 def torch_translate(model, batches, beams: int, length: int) -> None:
     with torch.inference_mode():
         for batch in batches:
@@ -76,12 +88,66 @@ def ct2_translate(translator, token_batches, beams: int, length: int) -> None:
                                    max_decoding_length=length)
 
 
+def batches_of(tokenizer, sources: list[str], batch_size: int) -> tuple[list, list]:
+    """(PyTorch batches, CTranslate2 token batches) of the same sentences."""
+    encoded = [tokenizer(sources[i:i + batch_size], return_tensors="pt", padding=True)
+               for i in range(0, len(sources), batch_size)]
+    tokens = [[tokenizer.convert_ids_to_tokens(tokenizer(s)["input_ids"]) for s in sources[i:i + batch_size]]
+              for i in range(0, len(sources), batch_size)]
+    return encoded, tokens
+
+
+def time_one(args, engine: str, model_dir: Path, ct2_dir: Path) -> dict[int, float]:
+    """In this process only: load one arm in one engine, warm up on a batch, time each beam size once;
+    {beams: seconds}."""
+    from prunetrain.mt.data import read_parallel
+    from prunetrain.mt.translation import load_model_tokenizer, load_translation_model
+
+    torch.set_num_threads(args.threads)
+    sources = [s for s, _ in read_parallel(DATA, "test")][: args.sentences]
+    encoded, tokens = batches_of(load_model_tokenizer(model_dir), sources, args.batch_size)
+    if engine == "pytorch":
+        model = load_translation_model(model_dir, device="cpu").eval()
+
+        def run(beams, count=None):
+            torch_translate(model, encoded[:count], beams, args.length)
+    else:
+        import ctranslate2
+
+        compute_type = engine.removeprefix("ct2-").removesuffix("-inter")
+        inter = args.threads if engine.endswith("-inter") else 1
+        translator = ctranslate2.Translator(str(ct2_dir / compute_type), device="cpu", inter_threads=inter,
+                                            intra_threads=args.threads // inter, compute_type=compute_type)
+
+        def run(beams, count=None):
+            if inter > 1:  # one call with every sentence, so the batches run in parallel
+                translator.translate_batch([t for batch in tokens[:count] for t in batch], beam_size=beams,
+                                           max_batch_size=args.batch_size, min_decoding_length=args.length,
+                                           max_decoding_length=args.length)
+            else:
+                ct2_translate(translator, tokens[:count], beams, args.length)
+    seconds = {}
+    for beams in (1, 4):
+        run(beams, 1)  # warm-up
+        start = time.perf_counter()
+        run(beams)
+        seconds[beams] = time.perf_counter() - start
+    return seconds
+
+
 def main():
     p = C.parser(__doc__.splitlines()[0], repeats=5)
     p.add_argument("--batch-size", type=int, default=32, help="sentences per batch (default 32)")
     p.add_argument("--length", type=int, default=20, help="target tokens decoded per sentence (default 20)")
     p.add_argument("--sentences", type=int, default=1000, help="Multi30k test sentences (default: all 1000)")
+    p.add_argument("--one", nargs=3, metavar=("ENGINE", "MODEL", "CT2_DIR"), help=argparse.SUPPRESS)
     args = p.parse_args()
+    if args.quick:
+        args.sentences = 200
+    if args.one:  # a child: one configuration, its seconds on stdout
+        C.quiet_transformers()
+        print(json.dumps(time_one(args, args.one[0], Path(args.one[1]), Path(args.one[2]))))
+        return
     import ctranslate2
     from transformers import MarianMTModel
 
@@ -93,38 +159,32 @@ def main():
     env = C.setup(args)
     threads = args.threads or torch.get_num_threads()
     tokenizer = train_tokenizer(read_parallel(DATA, "train"), vocab_size=8000)
-    sources = [s for s, _ in read_parallel(DATA, "test")][: 200 if args.quick else args.sentences]
+    sources = [s for s, _ in read_parallel(DATA, "test")][: args.sentences]
     torch.manual_seed(0)
     models = arms(MarianMTModel(marian_config(tokenizer, attn_implementation="sdpa")).eval())
-    work = Path(tempfile.mkdtemp())
-    encoded = [tokenizer(sources[i:i + args.batch_size], return_tensors="pt", padding=True)
-               for i in range(0, len(sources), args.batch_size)]
-    tokens = [[tokenizer.convert_ids_to_tokens(tokenizer(s)["input_ids"]) for s in sources[i:i + args.batch_size]]
-              for i in range(0, len(sources), args.batch_size)]
-    runners, rows = {}, {}
+    work = Path(tempfile.mkdtemp(prefix="bench-ct2-"))
+    encoded, _ = batches_of(tokenizer, sources, args.batch_size)
+    rows = {}
     for name, (model, executed) in models.items():
         saved = save_translation_model(model, tokenizer, work / name)
         for quantization in ("float32", "int8"):
-            directory = work / f"{name}-{quantization}"
-            export_ctranslate2(model, directory, saved, quantization=quantization)
-            translator = ctranslate2.Translator(str(directory), device="cpu", inter_threads=1, intra_threads=threads,
-                                                compute_type=quantization)
-            for beams in (1, 4):
-                runners[(name, f"ct2-{quantization}", beams)] = (
-                    lambda t=translator, b=beams: ct2_translate(t, tokens, b, args.length))
+            export_ctranslate2(model, work / f"{name}-ct2" / quantization, saved, quantization=quantization)
         for beams in (1, 4):
-            runners[(name, "pytorch", beams)] = lambda m=model, b=beams: torch_translate(m, encoded, b, args.length)
             flops = count_flops(lambda m=executed, b=beams: torch_translate(m, encoded[:1], b, args.length)).total
             rows[(name, beams)] = {"flops_one_batch": flops, **padding_report(model)}
-    times = {key: [] for key in runners}
-    keys = list(runners)
-    for key in keys:  # warm-up
-        runners[key]()
+    del models
+    keys = [(name, engine) for name in ("full", "pruned", "per-stack") for engine in ENGINES]
+    times = {(name, engine, beams): [] for name, engine in keys for beams in (1, 4)}
     for r in range(1 if args.quick else args.repeats):
-        for key in keys[r % len(keys):] + keys[: r % len(keys)]:  # rotating order
-            start = time.perf_counter()
-            runners[key]()
-            times[key].append(time.perf_counter() - start)
+        for name, engine in keys[r % len(keys):] + keys[: r % len(keys)]:  # rotating order
+            child = subprocess.run(
+                [sys.executable, __file__, "--one", engine, str(work / name), str(work / f"{name}-ct2"),
+                 "--threads", str(threads), "--batch-size", str(args.batch_size), "--length", str(args.length),
+                 "--sentences", str(len(sources))], capture_output=True, text=True)
+            if child.returncode:
+                sys.exit(f"{name} in {engine}: the timing process failed: {child.stderr.strip()[-800:]}")
+            for beams, seconds in json.loads(child.stdout.splitlines()[-1]).items():
+                times[(name, engine, int(beams))].append(seconds)
         print(f"round {r + 1} done", flush=True)
     results = []
     for (name, engine, beams), values in times.items():
@@ -140,17 +200,18 @@ def main():
                         "vs_pytorch_same_arm": statistics.median(times[(name, "pytorch", beams)]) / seconds,
                         "heads_kept": rows[(name, beams)]["heads_kept"],
                         "heads_executed": rows[(name, beams)]["heads_executed"], "all_seconds": values})
-    print(f"\n{'arm':10} {'engine':14} {'beams':>5} {'sent/s':>8} {'tok/s':>8} {'vs full':>8} {'ideal':>6} "
+    print(f"\n{'arm':10} {'engine':18} {'beams':>5} {'sent/s':>8} {'tok/s':>8} {'vs full':>8} {'ideal':>6} "
           f"{'share':>6} {'vs torch':>8}")
     for row in results:
         share = f"{row['share_of_ideal']:.2f}" if row["share_of_ideal"] is not None else "-"
-        print(f"{row['arm']:10} {row['engine']:14} {row['beams']:>5} {row['sentences_per_s']:8.1f} "
+        print(f"{row['arm']:10} {row['engine']:18} {row['beams']:>5} {row['sentences_per_s']:8.1f} "
               f"{row['target_tokens_per_s']:8.0f} {row['speedup_vs_full_same_engine']:8.2f} {row['flop_ideal']:6.2f} "
               f"{share:>6} {row['vs_pytorch_same_arm']:8.2f}")
     C.write_json(C.output_path(args, "ctranslate2"), {
         "command": C.command_line(), **env, "threads": threads, "batch_size": args.batch_size,
-        "length": args.length, "sentences": len(sources), "ctranslate2": ctranslate2.__version__,
-        "torch": torch.__version__, "results": results})
+        "length": args.length, "sentences": len(sources), "rounds": 1 if args.quick else args.repeats,
+        "one_process_per_timing": True, "ctranslate2": ctranslate2.__version__, "torch": torch.__version__,
+        "results": results})
 
 
 if __name__ == "__main__":
