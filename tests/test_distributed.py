@@ -49,9 +49,24 @@ def _torchrun(script: Path, *args: str) -> list[str]:
             "--master_port", str(_free_port()), str(script), *args]
 
 
+# what a rank prints when it dies: Python's faulthandler, a C++ abort, an exception
+CRASH_MARKERS = ("Fatal Python error", "terminate called", "what():", "Traceback (most recent call last)")
+
+
+def _failure_report(stderr: str, cwd: Path) -> str:
+    """The first crash a rank printed (with what follows it) and the end of the output; the whole output is kept in
+    CWD/torchrun_failure.log, since torchrun's own error summary and the ranks' warnings can push a rank's abort
+    message out of any fixed-size tail."""
+    log = cwd / "torchrun_failure.log"
+    log.write_text(stderr)
+    starts = [i for i in (stderr.find(marker) for marker in CRASH_MARKERS) if i >= 0]
+    first = stderr[min(starts):min(starts) + 6000] if starts else "(no rank printed a crash)"
+    return f"whole output in {log}\n--- first crash ---\n{first}\n--- end ---\n{stderr[-4000:]}"
+
+
 def _run(command: list[str], cwd: Path) -> subprocess.CompletedProcess:
     done = subprocess.run(command, cwd=cwd, env=_env(), capture_output=True, text=True, timeout=600)
-    assert done.returncode == 0, done.stderr[-12000:]
+    assert done.returncode == 0, _failure_report(done.stderr, Path(cwd))
     return done
 
 
