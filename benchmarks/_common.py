@@ -6,6 +6,7 @@ import argparse
 import copy
 import json
 import os
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -16,6 +17,22 @@ import torch
 from prunetrain import HeadMask, find_heads, shrink
 
 RESULTS = Path(__file__).resolve().parent / "results"
+
+
+def rounds_in_fresh_processes(keys: list, command: Callable[[object], list[str]], rounds: int) -> dict:
+    """{key: [one JSON result per round]}: every key run once per round, each run a new process (`command(key)`, an
+    argv whose last stdout line is JSON), the order rotating from round to round. A failing process ends the
+    benchmark with its stderr. For engines whose threads outlive their object in a process (CTranslate2's OpenMP
+    pool slows every later intra-threaded translator of the process ~3×, benchmarks/README.md j)."""
+    results = {key: [] for key in keys}
+    for r in range(rounds):
+        for key in keys[r % len(keys):] + keys[: r % len(keys)]:
+            child = subprocess.run(command(key), capture_output=True, text=True)
+            if child.returncode:
+                sys.exit(f"{key}: the timing process failed: {child.stderr.strip()[-800:]}")
+            results[key].append(json.loads(child.stdout.splitlines()[-1]))
+        print(f"round {r + 1} done", flush=True)
+    return results
 
 
 def parser(description: str, repeats: int, warmup: int = 1) -> argparse.ArgumentParser:

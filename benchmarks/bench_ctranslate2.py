@@ -36,7 +36,6 @@ import argparse
 import copy
 import json
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -88,13 +87,14 @@ def ct2_translate(translator, token_batches, beams: int, length: int) -> None:
                                    max_decoding_length=length)
 
 
-def batches_of(tokenizer, sources: list[str], batch_size: int) -> tuple[list, list]:
-    """(PyTorch batches, CTranslate2 token batches) of the same sentences."""
-    encoded = [tokenizer(sources[i:i + batch_size], return_tensors="pt", padding=True)
-               for i in range(0, len(sources), batch_size)]
-    tokens = [[tokenizer.convert_ids_to_tokens(tokenizer(s)["input_ids"]) for s in sources[i:i + batch_size]]
-              for i in range(0, len(sources), batch_size)]
-    return encoded, tokens
+def torch_batches(tokenizer, sources: list[str], batch_size: int) -> list:
+    return [tokenizer(sources[i:i + batch_size], return_tensors="pt", padding=True)
+            for i in range(0, len(sources), batch_size)]
+
+
+def ct2_batches(tokenizer, sources: list[str], batch_size: int) -> list[list[list[str]]]:
+    return [[tokenizer.convert_ids_to_tokens(tokenizer(s)["input_ids"]) for s in sources[i:i + batch_size]]
+            for i in range(0, len(sources), batch_size)]
 
 
 def time_one(args, engine: str, model_dir: Path, ct2_dir: Path) -> dict[int, float]:
@@ -105,8 +105,9 @@ def time_one(args, engine: str, model_dir: Path, ct2_dir: Path) -> dict[int, flo
 
     torch.set_num_threads(args.threads)
     sources = [s for s, _ in read_parallel(DATA, "test")][: args.sentences]
-    encoded, tokens = batches_of(load_model_tokenizer(model_dir), sources, args.batch_size)
+    tokenizer = load_model_tokenizer(model_dir)
     if engine == "pytorch":
+        encoded = torch_batches(tokenizer, sources, args.batch_size)
         model = load_translation_model(model_dir, device="cpu").eval()
 
         def run(beams, count=None):
@@ -114,6 +115,7 @@ def time_one(args, engine: str, model_dir: Path, ct2_dir: Path) -> dict[int, flo
     else:
         import ctranslate2
 
+        tokens = ct2_batches(tokenizer, sources, args.batch_size)
         compute_type = engine.removeprefix("ct2-").removesuffix("-inter")
         inter = args.threads if engine.endswith("-inter") else 1
         translator = ctranslate2.Translator(str(ct2_dir / compute_type), device="cpu", inter_threads=inter,
@@ -163,7 +165,7 @@ def main():
     torch.manual_seed(0)
     models = arms(MarianMTModel(marian_config(tokenizer, attn_implementation="sdpa")).eval())
     work = Path(tempfile.mkdtemp(prefix="bench-ct2-"))
-    encoded, _ = batches_of(tokenizer, sources, args.batch_size)
+    encoded = torch_batches(tokenizer, sources, args.batch_size)
     rows = {}
     for name, (model, executed) in models.items():
         saved = save_translation_model(model, tokenizer, work / name)
@@ -174,18 +176,12 @@ def main():
             rows[(name, beams)] = {"flops_one_batch": flops, **padding_report(model)}
     del models
     keys = [(name, engine) for name in ("full", "pruned", "per-stack") for engine in ENGINES]
-    times = {(name, engine, beams): [] for name, engine in keys for beams in (1, 4)}
-    for r in range(1 if args.quick else args.repeats):
-        for name, engine in keys[r % len(keys):] + keys[: r % len(keys)]:  # rotating order
-            child = subprocess.run(
-                [sys.executable, __file__, "--one", engine, str(work / name), str(work / f"{name}-ct2"),
-                 "--threads", str(threads), "--batch-size", str(args.batch_size), "--length", str(args.length),
-                 "--sentences", str(len(sources))], capture_output=True, text=True)
-            if child.returncode:
-                sys.exit(f"{name} in {engine}: the timing process failed: {child.stderr.strip()[-800:]}")
-            for beams, seconds in json.loads(child.stdout.splitlines()[-1]).items():
-                times[(name, engine, int(beams))].append(seconds)
-        print(f"round {r + 1} done", flush=True)
+    runs = C.rounds_in_fresh_processes(keys, lambda key: [
+        sys.executable, __file__, "--one", key[1], str(work / key[0]), str(work / f"{key[0]}-ct2"),
+        "--threads", str(threads), "--batch-size", str(args.batch_size), "--length", str(args.length),
+        "--sentences", str(len(sources))], 1 if args.quick else args.repeats)
+    times = {(name, engine, beams): [run[str(beams)] for run in runs[(name, engine)]]
+             for name, engine in keys for beams in (1, 4)}
     results = []
     for (name, engine, beams), values in times.items():
         seconds = statistics.median(values)

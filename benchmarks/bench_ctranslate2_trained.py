@@ -142,17 +142,11 @@ def main():
             sys.exit(f"--{name}: the CTranslate2 export failed: {export.stderr.strip()[-500:]}")
         models[name] = {"directory": str(getattr(args, name)), "export": json.loads(export.stdout)}
     keys = [(name, engine) for name in models for engine in engines]
-    runs = {key: [] for key in keys}
-    for r in range(1 if args.quick else args.repeats):
-        for name, engine in keys[r % len(keys):] + keys[: r % len(keys)]:  # rotating order
-            child = subprocess.run(
-                [sys.executable, __file__, "--one", engine, str(getattr(args, name)), str(work / name),
-                 "--threads", str(threads), "--batch-size", str(args.batch_size), "--sentences", str(sentences),
-                 "--beams", *map(str, args.beams)], capture_output=True, text=True)
-            if child.returncode:
-                sys.exit(f"{name} in {engine}: the timing process failed: {child.stderr.strip()[-800:]}")
-            runs[(name, engine)].append({int(b): v for b, v in json.loads(child.stdout.splitlines()[-1]).items()})
-        print(f"round {r + 1} done", flush=True)
+    runs = C.rounds_in_fresh_processes(keys, lambda key: [
+        sys.executable, __file__, "--one", key[1], str(getattr(args, key[0])), str(work / key[0]),
+        "--threads", str(threads), "--batch-size", str(args.batch_size), "--sentences", str(sentences),
+        "--beams", *map(str, args.beams)], 1 if args.quick else args.repeats)
+    runs = {key: [{int(b): v for b, v in run.items()} for run in values] for key, values in runs.items()}
     from prunetrain.mt.translation import load_model_tokenizer
 
     tokenizers = {name: load_model_tokenizer(getattr(args, name)) for name in models}
