@@ -18,7 +18,11 @@ Engines, all on the same `--threads` cores, batches of `--batch-size` sentences 
 - `ct2-float32-inter`: float32 with `inter_threads = threads`, `intra_threads = 1` (batches decoded in parallel, one
   core each: what CTranslate2 recommends for throughput on several cores).
 Decoding as in `translate_ctranslate2` and `translate`: `min_decoding_length` 0, length penalty 1, at most 256 new
-tokens (PyTorch: ceil(1.5 · source tokens) + 10 per sentence, as the recipe's evaluation decodes).
+tokens (PyTorch: ceil(1.5 · source tokens) + 10 per sentence, as the recipe's evaluation decodes). With
+`--equal-bounds N` both engines decode by one rule: at most N new tokens for every sentence, and PyTorch's beam
+search stops as CTranslate2's does (`early_stopping=True`, log-probabilities renormalised after the pad token is
+suppressed, as the export's exactness tests decode); the table then also counts the hypotheses CTranslate2 float32
+and PyTorch fp32 share.
 
 **Every timed configuration runs in a process of its own** (one per model, engine and round, all beams inside): in
 one process, a second CTranslate2 translator with `intra_threads` > 1 — alive or already deleted — leaves OpenMP
@@ -30,6 +34,8 @@ server holds one translator; `bench_ctranslate2.py` and the recipe's CTranslate2
 Rounds are interleaved and rotate their order; medians are reported. Run it alone on the machine:
 
     python benchmarks/bench_ctranslate2_trained.py --threads 2 --wait-idle 600   # results/ctranslate2_trained.json
+    python benchmarks/bench_ctranslate2_trained.py --threads 2 --wait-idle 600 --equal-bounds 70 \
+        --out benchmarks/results/ctranslate2_trained_equal_bounds.json
     python benchmarks/bench_ctranslate2_trained.py --quick                       # smoke run (100 sentences, 1 round)
 """
 
@@ -70,7 +76,11 @@ def time_one(args) -> dict:
         bf16 = args.engine.endswith("bf16")
 
         def run(beams, texts=sources):
-            return translate(model, tokenizer, texts, batch_size=args.batch_size, num_beams=beams, autocast_bf16=bf16)
+            same_rule = {} if args.equal_bounds is None else {"max_new_tokens": args.equal_bounds}
+            if same_rule and beams > 1:  # CTranslate2's stopping rule and scores (docs/export.md)
+                same_rule.update(early_stopping=True, renormalize_logits=True)
+            return translate(model, tokenizer, texts, batch_size=args.batch_size, num_beams=beams, autocast_bf16=bf16,
+                             **same_rule)
     else:
         import ctranslate2
 
@@ -81,7 +91,8 @@ def time_one(args) -> dict:
 
         def run(beams, texts=sources):
             tokens = [tokenizer.convert_ids_to_tokens(tokenizer(s)["input_ids"]) for s in texts]
-            results = translator.translate_batch(tokens, beam_size=beams, max_decoding_length=256,
+            results = translator.translate_batch(tokens, beam_size=beams,
+                                                 max_decoding_length=args.equal_bounds or 256,
                                                  min_decoding_length=0, max_batch_size=args.batch_size,
                                                  length_penalty=1.0)
             return [t.strip() for t in tokenizer.batch_decode(
@@ -105,8 +116,13 @@ def main():
     p.add_argument("--beams", type=int, nargs="+", default=[1, 4], help="beam sizes (default 1 4)")
     p.add_argument("--engines", nargs="+", choices=["pytorch", "ct2"], default=["pytorch", "ct2"],
                    help="engines to time (default both)")
+    p.add_argument("--equal-bounds", type=int, default=None, metavar="N",
+                   help="both engines decode at most N new tokens per sentence and stop beam search by the same rule "
+                        "(default: each engine's own bound and rule)")
     p.add_argument("--one", nargs=3, metavar=("ENGINE", "MODEL", "CT2_DIR"), help=argparse.SUPPRESS)
     args = p.parse_args()
+    if args.equal_bounds is not None and args.equal_bounds < 1:
+        p.error(f"--equal-bounds: {args.equal_bounds} is not a number of new tokens; give a whole number ≥ 1.")
     if args.one:  # a child: one configuration, its JSON on stdout
         args.engine, args.model, args.ct2 = args.one[0], Path(args.one[1]), Path(args.one[2])
         C.quiet_transformers()
@@ -145,7 +161,9 @@ def main():
     runs = C.rounds_in_fresh_processes(keys, lambda key: [
         sys.executable, __file__, "--one", key[1], str(getattr(args, key[0])), str(work / key[0]),
         "--threads", str(threads), "--batch-size", str(args.batch_size), "--sentences", str(sentences),
-        "--beams", *map(str, args.beams)], 1 if args.quick else args.repeats)
+        "--beams", *map(str, args.beams),
+        *([] if args.equal_bounds is None else ["--equal-bounds", str(args.equal_bounds)])],
+        1 if args.quick else args.repeats)
     runs = {key: [{int(b): v for b, v in run.items()} for run in values] for key, values in runs.items()}
     from prunetrain.mt.translation import load_model_tokenizer
 
@@ -160,22 +178,27 @@ def main():
             target_tokens = sum(len(ids) for ids in tokenizers[name](texts)["input_ids"])
             scores = score_translations(texts, references)
             torch_seconds = median.get((name, "pytorch-fp32", beams))
+            torch_texts = runs[(name, "pytorch-fp32")][0][beams]["texts"] if (name, "pytorch-fp32") in runs else None
             results.append({"arm": name, "engine": engine, "beams": beams, "median_s": seconds,
                             "all_seconds": [v[beams]["seconds"] for v in values],
                             "sentences_per_s": sentences / seconds, "target_tokens": target_tokens,
                             "target_tokens_per_s": target_tokens / seconds,
                             "speedup_vs_full_same_engine": median[("full", engine, beams)] / seconds,
                             "vs_pytorch_fp32_same_arm": torch_seconds / seconds if torch_seconds else None,
-                            "bleu": scores["bleu"], "chrf": scores["chrf"]})
+                            "bleu": scores["bleu"], "chrf": scores["chrf"],
+                            "same_as_pytorch_fp32": (None if torch_texts is None else
+                                                     sum(a == b for a, b in zip(texts, torch_texts)))})
     print(f"\n{'arm':7} {'engine':18} {'beams':>5} {'sent/s':>7} {'tok/s':>7} {'vs full':>8} {'vs torch':>8} "
-          f"{'BLEU':>6} {'chrF':>6}")
+          f"{'BLEU':>6} {'chrF':>6} {'=torch':>6}")
     for row in sorted(results, key=lambda r: (r["beams"], r["engine"], r["arm"])):
         print(f"{row['arm']:7} {row['engine']:18} {row['beams']:>5} {row['sentences_per_s']:7.1f} "
               f"{row['target_tokens_per_s']:7.0f} {row['speedup_vs_full_same_engine']:8.2f} "
-              f"{row['vs_pytorch_fp32_same_arm'] or float('nan'):8.2f} {row['bleu']:6.2f} {row['chrf']:6.2f}")
+              f"{row['vs_pytorch_fp32_same_arm'] or float('nan'):8.2f} {row['bleu']:6.2f} {row['chrf']:6.2f} "
+              f"{'' if row['same_as_pytorch_fp32'] is None else row['same_as_pytorch_fp32']:>6}")
     C.write_json(C.output_path(args, "ctranslate2_trained"), {
         "command": C.command_line(), **env, "threads": threads, "batch_size": args.batch_size,
-        "engines": engines, "sentences": sentences, "rounds": 1 if args.quick else args.repeats,
+        "engines": engines, "sentences": sentences, "equal_bounds": args.equal_bounds,
+        "rounds": 1 if args.quick else args.repeats,
         "one_process_per_timing": True, "ctranslate2": ctranslate2.__version__, "torch": torch.__version__,
         "models": models, "results": results})
 

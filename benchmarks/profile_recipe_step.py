@@ -16,12 +16,24 @@ self times are summed by category (matmul, attention softmax, layer norm, embedd
 optimizer element-wise ops, copies and reshapes, other) — the profiler slows small ops, so read its shares, not its
 absolute times. FLOP-ideal: matmul FLOPs of the full step over the arm's (`prunetrain.bench.count_flops`).
 
+`--variants` chooses what the step adds around the model, as LOSS+OPTIMIZER (several, comma-separated, are
+interleaved with the arms in one run, each arm's speed taken against the 144-head step of its own variant):
+`model+adamw` (the default; the model's own cross-entropy, given the labels, and AdamW: what benchmarks/README.md k
+was measured with) or what the recipe's Trainer runs: loss `trainer` calls the model without labels, casts its
+logits to fp32 (accelerate does this to a model's outputs under mixed precision) and applies transformers'
+`LabelSmoother` (ε = 0.1, the recipe's `train.label_smoothing`); loss `fused` does the same with one
+`torch.nn.functional.cross_entropy(..., label_smoothing=0.1)` (the same loss: (1 − ε)·NLL + ε·mean over the
+vocabulary of −log p, averaged over the label tokens); optimizer `fused` is the Trainer's default
+`adamw_torch_fused` (`torch.optim.AdamW(fused=True)`). `--arms` times a subset of the arms.
+
 On CUDA (`--device cuda`) each part is timed from an idle GPU to an idle GPU, and the shares are of the step's GPU
 kernel time, each kernel counted for the aten op that launched it; `kernels` is how many the step launched, and `gpu
 busy` the profiled step's kernel time over the median unprofiled step (not over the profiled step, whose launches the
 profiler slows): far below 1, the step waits on the CPU launching kernels, and fewer heads cannot make it faster.
 
     python benchmarks/profile_recipe_step.py --threads 2 --wait-idle 600   # benchmarks/results/recipe_step_profile.json
+    python benchmarks/profile_recipe_step.py --threads 2 --precisions bf16 --arms "144,36 shrunk" \
+        --variants model+adamw,trainer+fused,fused+fused
     python benchmarks/profile_recipe_step.py --quick                        # smoke run
     python benchmarks/profile_recipe_step.py --device cuda --precisions bf16 --batch 256 --d-model 512 --ffn-dim 2048
 """
@@ -42,12 +54,15 @@ from prunetrain.bench import count_flops
 REPO = Path(__file__).resolve().parents[1]
 LAYOUT = REPO / "recipes/results/wmt-small-deen-study/small-steps-cooldown-s0/layout.json"
 DATA = REPO.parent / "shared/data/multi30k"
+ARMS = ("144", "108 masked", "72 masked", "72 shrunk", "36 shrunk")
+LOSSES = ("model", "trainer", "fused")
+LABEL_SMOOTHING = 0.1  # the recipe's train.label_smoothing
 CATEGORIES = {
     "matmul": ("addmm", "aten::mm", "bmm", "baddbmm", "matmul", "linear"),
+    "loss": ("nll_loss", "cross_entropy", "log_softmax", "gather", "masked_fill", "neg"),  # before softmax
     "softmax": ("softmax",),
     "layer norm": ("layer_norm",),
     "embedding": ("embedding",),
-    "loss": ("nll_loss", "cross_entropy", "log_softmax"),
     "optimizer": ("_foreach", "addcdiv", "lerp", "sqrt", "clamp", "norm", "add_", "mul_", "div_"),
     "copies": ("copy_", "contiguous", "cat", "index", "clone", "to_copy", "_to_copy", "fill_", "zero_", "empty"),
 }
@@ -77,21 +92,40 @@ def arms(model) -> dict:
             "72 shrunk": shrunk(lambda s: 4), "36 shrunk": shrunk(lambda s: kept36[s.name])}
 
 
-class Step:
-    """One arm: the model, AdamW, its batches (on the model's device); `run()` trains one step and returns
-    (forward, backward, optimizer) seconds, on CUDA each from an idle GPU to an idle GPU."""
+def step_loss(model, batch: dict, loss: str, autocast) -> torch.Tensor:
+    """The training loss of one batch as `loss` computes it (module docstring): "model" the model's own
+    cross-entropy; "trainer" transformers' `LabelSmoother` on fp32 logits of a call without labels, as the recipe's
+    Trainer (under accelerate's mixed precision) computes it; "fused" the same loss in one `cross_entropy`."""
+    if loss == "model":
+        with autocast:
+            return model(**batch).loss
+    with autocast:
+        logits = model(**{k: v for k, v in batch.items() if k != "labels"}).logits
+    logits = logits.float()  # accelerate's convert_outputs_to_fp32
+    if loss == "trainer":
+        from transformers.trainer_pt_utils import LabelSmoother
 
-    def __init__(self, model, batches, bf16: bool):
-        self.model, self.batches, self.bf16, self.i = model.train(), batches, bf16, 0
+        return LabelSmoother(epsilon=LABEL_SMOOTHING)({"logits": logits}, batch["labels"])
+    return torch.nn.functional.cross_entropy(logits.flatten(0, 1), batch["labels"].flatten(),  # as SmoothedCrossEntropy
+                                             label_smoothing=LABEL_SMOOTHING)
+
+
+class Step:
+    """One arm: the model, AdamW (`fused`: torch's fused kernel), its batches (on the model's device), the loss
+    of `step_loss`; `run()` trains one step and returns (forward, backward, optimizer) seconds, on CUDA each from an
+    idle GPU to an idle GPU."""
+
+    def __init__(self, model, batches, bf16: bool, loss: str = "model", fused: bool = False):
+        self.model, self.batches, self.bf16, self.loss, self.i = model.train(), batches, bf16, loss, 0
         self.device = next(model.parameters()).device
-        self.optimizer = torch.optim.AdamW(model.parameters(), lr=1e-5)
+        self.optimizer = torch.optim.AdamW(model.parameters(), lr=1e-5, fused=fused or None)
 
     def run(self) -> tuple[float, float, float]:
         batch = self.batches[self.i % len(self.batches)]
         self.i += 1
         start = C.device_clock(self.device)
-        with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.bf16):
-            loss = self.model(**batch).loss
+        loss = step_loss(self.model, batch, self.loss,
+                         torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.bf16))
         forward = C.device_clock(self.device)
         loss.backward()
         backward = C.device_clock(self.device)
@@ -157,55 +191,75 @@ def main() -> None:
     p.add_argument("--precisions", type=lambda text: text.split(","), default=["bf16", "fp32"],
                    help="comma-separated, of bf16 (autocast) and fp32 (default: both)")
     p.add_argument("--data-dir", type=Path, default=DATA, help=f"the Multi30k directory (default {DATA})")
+    p.add_argument("--variants", type=lambda text: text.split(","), default=["model+adamw"],
+                   help="comma-separated LOSS+OPTIMIZER, LOSS of model, trainer, fused and OPTIMIZER of adamw, fused "
+                        "(module docstring; default model+adamw)")
+    p.add_argument("--arms", type=lambda text: text.split(","), default=list(ARMS),
+                   help=f"comma-separated, of {', '.join(ARMS)} (default: all)")
     C.add_device_option(p)
     args = p.parse_args()
     if not args.precisions or set(args.precisions) - {"bf16", "fp32"}:
         p.error(f"--precisions {','.join(args.precisions)!r} is not allowed: a comma-separated list of bf16, fp32")
+    if "144" not in args.arms or set(args.arms) - set(ARMS):
+        p.error(f"--arms {','.join(args.arms)!r} is not allowed: a comma-separated list of {', '.join(ARMS)} "
+                f"that holds 144 (the speeds are against it)")
+    for variant in args.variants:
+        loss, _, optimizer = variant.partition("+")
+        if loss not in LOSSES or optimizer not in ("adamw", "fused"):
+            p.error(f"--variants: {variant!r} is not allowed: LOSS+OPTIMIZER with LOSS one of {', '.join(LOSSES)} "
+                    f"and OPTIMIZER adamw or fused")
     C.quiet_transformers()
     env = C.setup(args)
     device = C.chosen_device(args)
     model, batches = recipe_model_and_batches(args.batch, 2 if args.quick else args.num_batches, args.data_dir,
                                               d_model=args.d_model, ffn_dim=args.ffn_dim)
     model, batches = model.to(device), [batch.to(device) for batch in batches]
-    models = arms(model)
+    models = {name: m for name, m in arms(model).items() if name in args.arms}
     flops = {name: count_flops(lambda m=m: m(**batches[0]).loss.backward()).total for name, m in models.items()}
     for m in models.values():
         m.zero_grad(set_to_none=True)
     results = {}
     for precision in args.precisions:
-        steps = {name: Step(m, batches, precision == "bf16") for name, m in models.items()}
+        steps = {}
+        for variant in args.variants:
+            loss, _, optimizer = variant.partition("+")
+            for name, m in models.items():
+                steps[(variant, name)] = Step(m if len(args.variants) == 1 else copy.deepcopy(m), batches,
+                                              precision == "bf16", loss, optimizer == "fused")
         for step in steps.values():
             step.run()
-        parts = {name: [] for name in steps}
-        names = list(steps)
+        parts = {key: [] for key in steps}
+        keys = list(steps)
         for r in range(2 if args.quick else args.repeats):
-            for name in names[r % len(names):] + names[: r % len(names)]:
+            for key in keys[r % len(keys):] + keys[: r % len(keys)]:
                 for _ in range(len(batches)):  # every batch once per round: the same work for every arm
-                    parts[name].append(steps[name].run())
-        for name, step in steps.items():
-            medians = [statistics.median(p[k] for p in parts[name]) for k in range(3)]
-            results[(precision, name)] = {"forward_s": medians[0], "backward_s": medians[1],
-                                          "optimizer_s": medians[2], "step_s": sum(medians),
-                                          "flop_ideal": flops["144"] / flops[name],
-                                          "heads": find_heads(step.model).total_heads,
-                                          "profile_shares": profile_step(step)}
+                    parts[key].append(steps[key].run())
+        for (variant, name), step in steps.items():
+            medians = [statistics.median(p[k] for p in parts[(variant, name)]) for k in range(3)]
+            row = results[(precision, variant, name)] = {
+                "forward_s": medians[0], "backward_s": medians[1], "optimizer_s": medians[2], "step_s": sum(medians),
+                "flop_ideal": flops["144"] / flops[name], "heads": find_heads(step.model).total_heads,
+                "profile_shares": profile_step(step)}
             if device.type == "cuda":
-                shares = results[(precision, name)]["profile_shares"]
-                shares["gpu busy"] = shares["kernel_s"] / sum(medians)
+                row["profile_shares"]["gpu busy"] = row["profile_shares"]["kernel_s"] / sum(medians)
     tail = "kernels / gpu busy" if device.type == "cuda" else "outside"
-    print(f"\n{'precision':9} {'arm':11} {'step s':>7} {'fwd':>6} {'bwd':>6} {'optim':>6} {'speed':>6} {'ideal':>6}  "
-          f"profile shares (matmul / softmax / norm / embed / loss / optim / copies / other / {tail})")
-    for (precision, name), row in results.items():
-        full = results[(precision, "144")]
-        print(f"{precision:9} {name:11} {row['step_s']:7.4f} {row['forward_s']:6.4f} {row['backward_s']:6.4f} "
-              f"{row['optimizer_s']:6.4f} {full['step_s'] / row['step_s']:6.2f} {row['flop_ideal']:6.2f}  "
+    print(f"\n{'precision':9} {'variant':14} {'arm':11} {'step s':>7} {'fwd':>6} {'bwd':>6} {'optim':>6} "
+          f"{'speed':>6} {'ideal':>6}  "
+          f"profile shares ({' / '.join([*CATEGORIES, 'other', tail])})")
+    for (precision, variant, name), row in results.items():
+        full = results[(precision, variant, "144")]
+        print(f"{precision:9} {variant:14} {name:11} {row['step_s']:7.4f} {row['forward_s']:6.4f} "
+              f"{row['backward_s']:6.4f} {row['optimizer_s']:6.4f} {full['step_s'] / row['step_s']:6.2f} "
+              f"{row['flop_ideal']:6.2f}  "
               + " / ".join(f"{v}" if isinstance(v, int) else f"{v:.2f}" for k, v in row["profile_shares"].items()
                            if k != "kernel_s"))
     suffix = "" if device.type == "cpu" else f"_{device.type}_b{args.batch}_d{args.d_model}"
+    if args.variants != ["model+adamw"]:
+        suffix += "_" + "_".join(args.variants)
     C.write_json(C.output_path(args, "recipe_step_profile" + suffix), {
         "command": C.command_line(), **env, "device": C.device_label(device), "threads": torch.get_num_threads(),
-        "batch": args.batch, "d_model": args.d_model, "ffn_dim": args.ffn_dim,
-        "results": [{"precision": p, "arm": n, **row} for (p, n), row in results.items()]})
+        "batch": args.batch, "d_model": args.d_model, "ffn_dim": args.ffn_dim, "variants": args.variants,
+        "results": [{"precision": p, "variant": v, "arm": n, **row} for (p, v, n), row in results.items()]})
 
 
 if __name__ == "__main__":

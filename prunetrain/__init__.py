@@ -11,7 +11,7 @@ Voita et al. (2019):   HardConcreteGates
 Trainer callbacks:     HeadPruningCallback, PruningCurveCallback, HardConcreteCallback, MetricPointsCallback,
                        FlopCooldownCallback, TrainTimeCooldownCallback (TrainTime), DistillationCallback; their
                        options: Schedule (when), Heads (which), Importance (how), Output (where), CurveSweep,
-                       GateTraining
+                       GateTraining; SmoothedCrossEntropy (a Trainer's label-smoothed loss in one kernel)
 """
 
 from prunetrain.engine.families import FamilyAdapter, register, supported_families
@@ -44,6 +44,7 @@ _LAZY = {
     "FlopCooldownCallback": "prunetrain.training.cooldown",
     "TrainTimeCooldownCallback": "prunetrain.training.cooldown", "TrainTime": "prunetrain.training.training_clock",
     "DistillationCallback": "prunetrain.training.distillation",
+    "SmoothedCrossEntropy": "prunetrain.training.loss",
     "Schedule": "prunetrain.training.options", "Heads": "prunetrain.training.options",
     "Importance": "prunetrain.training.options", "Output": "prunetrain.training.options",
     "CurveSweep": "prunetrain.training.options", "GateTraining": "prunetrain.training.options",

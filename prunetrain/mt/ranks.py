@@ -108,16 +108,17 @@ def trainer_settings(label_smoothing: float) -> tuple[dict, Callable | None]:
     - `accelerator_config={"split_batches": True}`: `per_device_train_batch_size` is the global batch and each of
       the W ranks gets 1/W of every batch, so the sampler (length-grouped or random) orders the data exactly as in
       one process and step s sees the same sentences;
-    - the loss is transformers' `LabelSmoother` (ε = `label_smoothing`, 0 gives the plain token cross-entropy)
+    - the loss is `SmoothedCrossEntropy` (transformers' `LabelSmoother` in one kernel; ε = `label_smoothing`, 0
+      gives the plain token cross-entropy)
       normalised by the label tokens of the whole step on all ranks (the Trainer's `num_items_in_batch`, gathered);
       the Trainer multiplies it by W and DDP averages over W, so the gradient is the one-process gradient. (Without
       it a model's own loss is a per-rank mean, and the mean of the ranks' means is not the mean over all tokens.)
     """
     if launched_world_size() == 1:
         return {}, None
-    from transformers.trainer_pt_utils import LabelSmoother
+    from prunetrain.training.loss import SmoothedCrossEntropy
 
-    return {"accelerator_config": {"split_batches": True}}, LabelSmoother(epsilon=label_smoothing)
+    return {"accelerator_config": {"split_batches": True}}, SmoothedCrossEntropy(label_smoothing)
 
 
 def end_training() -> bool:

@@ -176,7 +176,7 @@ def distillation_record(recipe, out_dir: Path) -> dict:
 
 def distilled_loss(callbacks, loss, label_smoothing: float):
     """The Trainer's `compute_loss_func` with a `DistillationCallback` among `callbacks`: where the Trainer computes
-    the loss itself (`loss`, e.g. the torchrun recipe's; or transformers' `LabelSmoother` for label smoothing), the
+    the loss itself (`loss`, e.g. the torchrun recipe's; or `SmoothedCrossEntropy` for label smoothing), the
     callback's `loss_func` adds the teacher's terms to it. Else `loss` as it is (the model's own loss: the callback
     combines it in the forward)."""
     from prunetrain.training.distillation import DistillationCallback
@@ -185,9 +185,9 @@ def distilled_loss(callbacks, loss, label_smoothing: float):
     if distill is None:
         return loss
     if loss is None and label_smoothing:
-        from transformers.trainer_pt_utils import LabelSmoother
+        from prunetrain.training.loss import SmoothedCrossEntropy
 
-        loss = LabelSmoother(epsilon=label_smoothing)
+        loss = SmoothedCrossEntropy(label_smoothing)
     return distill.loss_func(loss) if loss is not None else None
 
 

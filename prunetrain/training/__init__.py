@@ -4,11 +4,12 @@ calling the methods that decide *what*, plus the state they keep across checkpoi
 One module per callback (`head_pruning`, `pruning_curve`, `hard_concrete`, `metric_points`, `time_cap`,
 `distillation`), their
 options grouped in small records (`options`: `Schedule`, `Heads`, `Importance`, `Output`, `CurveSweep`,
-`GateTraining`), their shared base (`base`), checkpoint and RNG state (`state`) and the distributed engines
-(`distributed`)."""
+`GateTraining`), their shared base (`base`), checkpoint and RNG state (`state`), the distributed engines
+(`distributed`) and a Trainer loss (`loss`: `SmoothedCrossEntropy`)."""
 
 from prunetrain.training.distillation import DistillationCallback
 from prunetrain.training.hard_concrete import HardConcreteCallback
+from prunetrain.training.loss import SmoothedCrossEntropy
 from prunetrain.training.head_pruning import HeadPruningCallback
 from prunetrain.training.metric_points import MetricPointsCallback
 from prunetrain.training.options import CurveSweep, GateTraining, Heads, Importance, Output, Schedule
@@ -17,5 +18,5 @@ from prunetrain.training.state import last_complete_checkpoint, restore_layout
 from prunetrain.training.time_cap import TimeCapCallback
 
 __all__ = ["CurveSweep", "DistillationCallback", "GateTraining", "HardConcreteCallback", "HeadPruningCallback", "Heads", "Importance",
-           "MetricPointsCallback", "Output", "PruningCurveCallback", "Schedule", "TimeCapCallback",
+           "MetricPointsCallback", "Output", "PruningCurveCallback", "Schedule", "SmoothedCrossEntropy", "TimeCapCallback",
            "last_complete_checkpoint", "restore_layout"]
