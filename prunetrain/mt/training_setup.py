@@ -68,7 +68,6 @@ def train_seq2seq(model, args, train_set, tokenizer, callbacks=(), resume_from_c
     from transformers import Seq2SeqTrainer
 
     from prunetrain.mt.data import make_collator
-
     from prunetrain.training.loss import SmoothedCrossEntropy
 
     if compute_loss_func is None and args.label_smoothing_factor > 0:
