@@ -92,31 +92,38 @@ def arms(model) -> dict:
             "72 shrunk": shrunk(lambda s: 4), "36 shrunk": shrunk(lambda s: kept36[s.name])}
 
 
-def step_loss(model, batch: dict, loss: str, autocast) -> torch.Tensor:
-    """The training loss of one batch as `loss` computes it (module docstring): "model" the model's own
-    cross-entropy; "trainer" transformers' `LabelSmoother` on fp32 logits of a call without labels, as the recipe's
-    Trainer (under accelerate's mixed precision) computes it; "fused" the same loss in one `cross_entropy`."""
+def outside_loss(loss: str):
+    """The loss the step computes outside the model (module docstring): None for "model" (the model's own
+    cross-entropy), transformers' `LabelSmoother` for "trainer", the library's `SmoothedCrossEntropy` for "fused"."""
     if loss == "model":
+        return None
+    if loss == "trainer":
+        from transformers.trainer_pt_utils import LabelSmoother
+
+        return LabelSmoother(epsilon=LABEL_SMOOTHING)
+    from prunetrain.training.loss import SmoothedCrossEntropy
+
+    return SmoothedCrossEntropy(LABEL_SMOOTHING)
+
+
+def step_loss(model, batch: dict, loss_fn, autocast) -> torch.Tensor:
+    """The training loss of one batch: the model's own (`loss_fn` None), or `loss_fn` on the fp32 logits of a call
+    without labels, as the recipe's Trainer (under accelerate's mixed precision) computes it."""
+    if loss_fn is None:
         with autocast:
             return model(**batch).loss
     with autocast:
         logits = model(**{k: v for k, v in batch.items() if k != "labels"}).logits
-    logits = logits.float()  # accelerate's convert_outputs_to_fp32
-    if loss == "trainer":
-        from transformers.trainer_pt_utils import LabelSmoother
-
-        return LabelSmoother(epsilon=LABEL_SMOOTHING)({"logits": logits}, batch["labels"])
-    return torch.nn.functional.cross_entropy(logits.flatten(0, 1), batch["labels"].flatten(),  # as SmoothedCrossEntropy
-                                             label_smoothing=LABEL_SMOOTHING)
+    return loss_fn({"logits": logits.float()}, batch["labels"])  # .float(): accelerate's convert_outputs_to_fp32
 
 
 class Step:
     """One arm: the model, AdamW (`fused`: torch's fused kernel), its batches (on the model's device), the loss
-    of `step_loss`; `run()` trains one step and returns (forward, backward, optimizer) seconds, on CUDA each from an
+    of `outside_loss(loss)`; `run()` trains one step and returns (forward, backward, optimizer) seconds, on CUDA each from an
     idle GPU to an idle GPU."""
 
     def __init__(self, model, batches, bf16: bool, loss: str = "model", fused: bool = False):
-        self.model, self.batches, self.bf16, self.loss, self.i = model.train(), batches, bf16, loss, 0
+        self.model, self.batches, self.bf16, self.loss_fn, self.i = model.train(), batches, bf16, outside_loss(loss), 0
         self.device = next(model.parameters()).device
         self.optimizer = torch.optim.AdamW(model.parameters(), lr=1e-5, fused=fused or None)
 
@@ -124,7 +131,7 @@ class Step:
         batch = self.batches[self.i % len(self.batches)]
         self.i += 1
         start = C.device_clock(self.device)
-        loss = step_loss(self.model, batch, self.loss,
+        loss = step_loss(self.model, batch, self.loss_fn,
                          torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.bf16))
         forward = C.device_clock(self.device)
         loss.backward()

@@ -184,10 +184,9 @@ def distilled_loss(callbacks, loss, label_smoothing: float):
     distill = next((c for c in callbacks if isinstance(c, DistillationCallback)), None)
     if distill is None:
         return loss
-    if loss is None and label_smoothing:
-        from prunetrain.training.loss import SmoothedCrossEntropy
+    from prunetrain.training.loss import trainer_loss
 
-        loss = SmoothedCrossEntropy(label_smoothing)
+    loss = trainer_loss(label_smoothing, loss)
     return distill.loss_func(loss) if loss is not None else None
 
 

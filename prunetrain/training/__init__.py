@@ -9,8 +9,8 @@ options grouped in small records (`options`: `Schedule`, `Heads`, `Importance`, 
 
 from prunetrain.training.distillation import DistillationCallback
 from prunetrain.training.hard_concrete import HardConcreteCallback
-from prunetrain.training.loss import SmoothedCrossEntropy
 from prunetrain.training.head_pruning import HeadPruningCallback
+from prunetrain.training.loss import SmoothedCrossEntropy
 from prunetrain.training.metric_points import MetricPointsCallback
 from prunetrain.training.options import CurveSweep, GateTraining, Heads, Importance, Output, Schedule
 from prunetrain.training.pruning_curve import PruningCurveCallback
