@@ -9,6 +9,7 @@ under CI (`CI=true`) fail instead of skipping.
 from __future__ import annotations
 
 import os
+import signal
 from pathlib import Path
 
 import pytest
@@ -29,6 +30,20 @@ def _child_threads_per_worker() -> None:
 
 
 _child_threads_per_worker()
+
+
+@pytest.fixture
+def sigint_raises():
+    """SIGINT raises KeyboardInterrupt during the test, in this process and in every Python child it starts, however
+    the suite was started. A non-interactive shell starts a background command (`pytest ... &`, nohup) with SIGINT
+    ignored (POSIX), a child inherits an ignored disposition, and Python then leaves it ignored; a test that sends
+    SIGINT and expects it to act sets the default itself. What was there is put back."""
+    found = signal.getsignal(signal.SIGINT)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, found)
 
 
 def _data_location() -> tuple[Path, bool]:

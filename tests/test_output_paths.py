@@ -201,6 +201,7 @@ def _whole(dest: Path) -> bool:
         all(text == version * 2000 for text in contents.values())
 
 
+@pytest.mark.usefixtures("sigint_raises")
 def test_fuzz_signals_during_replacement_leave_a_whole_directory_and_no_staging(tmp_path):
     """A process replacing a directory over and over is stopped by SIGTERM or SIGINT at random moments: the
     destination is always one whole version and no staging or set-aside directory is left (held steps with a worker
@@ -233,6 +234,7 @@ def _signal_while_staging(args: list, parent: Path, name: str, sig: int) -> subp
     return None
 
 
+@pytest.mark.usefixtures("sigint_raises")
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
 def test_a_signal_during_an_in_place_shrink_keeps_the_old_model_whole(world, model_dir, sig, tmp_path_factory):
     """The signal comes while the command stages its output: the old model stays whole. It can also land after

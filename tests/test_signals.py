@@ -17,6 +17,9 @@ import pytest
 from hostile import LOAD_MODULES, REPO, stop_at_random
 from prunetrain.utils import signals
 
+# every test here sends SIGINT and expects it to act, also when the suite runs in the background (tests/conftest.py)
+pytestmark = pytest.mark.usefixtures("sigint_raises")
+
 ENDED_BY_A_SIGNAL = (128 + signal.SIGTERM, -signal.SIGTERM, -signal.SIGINT)
 
 
@@ -115,3 +118,32 @@ def test_a_cleanup_runs_before_the_signal_acts_wherever_it_lands():
             signal.pthread_kill(threading.main_thread().ident, signal.SIGINT)
             time.sleep(0.1)  # the handler runs here
     assert ran == ["cleaned"] and signals._cleanups == []
+
+
+_IGNORED_STAYS_IGNORED = """
+import os, signal, time
+assert signal.getsignal(signal.SIGINT) is signal.SIG_IGN, "started with SIGINT ignored, as a background command is"
+for guard in (signals.signals_held, signals.signals_raise):
+    with guard():
+        os.kill(os.getpid(), signal.SIGINT)
+        deadline = time.time() + 0.2
+        while time.time() < deadline:  # Python code runs: a handler would act here
+            pass
+    os.kill(os.getpid(), signal.SIGINT)  # and after the guard
+    time.sleep(0.05)
+print("still running", signal.getsignal(signal.SIGINT) is signal.SIG_IGN, flush=True)
+"""
+
+
+def test_an_ignored_sigint_stays_ignored_through_guarded_steps():
+    """The library's own promise (`nohup prunetrain recipe ... &` keeps ignoring Ctrl-C, as its user asked): a
+    process started with SIGINT ignored, as a non-interactive shell starts a background command, goes through held
+    and raising steps with SIGINT sent inside and after them, and SIGINT is still ignored at the end."""
+    found = signal.getsignal(signal.SIGINT)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the child inherits an ignored disposition, as after `cmd &`
+    try:
+        result = _child(_IGNORED_STAYS_IGNORED)
+    finally:
+        signal.signal(signal.SIGINT, found)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert result.stdout.strip() == "still running True", (result.stdout, result.stderr[-2000:])
