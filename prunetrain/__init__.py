@@ -1,10 +1,11 @@
-"""prunetrain: prune attention heads during training of PyTorch / Hugging Face transformer models.
+"""prunetrain: prune attention heads and FFN neurons during training of PyTorch / Hugging Face transformer models.
 
-Head engine:
+Engine (one for both units: heads and FFN neurons):
     find_heads(model) -> HeadLayout      every attention site: name, kind, layer, heads, head_dim, kv heads
-    HeadMask                              keep value ξ_h per head, applied by hooks on the output projections
-    shrink(model, mask, optimizer=None)   physically remove masked heads in place (optimizer state sliced)
-    save_pruned / load_pruned             HF files + per-site head layout, no pickles
+    find_neurons(model), find_sites(model, units=("heads", "neurons"))   FFN sites (neurons), or both kinds
+    HeadMask                              keep value ξ per unit, applied by hooks on the output projections
+    shrink(model, mask, optimizer=None)   physically remove masked units in place (optimizer state sliced)
+    save_pruned / load_pruned             HF files + per-site layout, no pickles
 Michel et al. (2019):  head_importance, HeadScores, select_heads, iterative_prune, pruning_curve (Ranking,
                        HeadScope)
 Voita et al. (2019):   HardConcreteGates
@@ -14,8 +15,8 @@ Trainer callbacks:     HeadPruningCallback, PruningCurveCallback, HardConcreteCa
                        GateTraining; SmoothedCrossEntropy (a Trainer's label-smoothed loss in one kernel)
 """
 
-from prunetrain.engine.families import FamilyAdapter, register, supported_families
-from prunetrain.engine.heads import KINDS, HeadLayout, HeadSite, find_heads
+from prunetrain.engine.families import FamilyAdapter, FeedForward, register, supported_families
+from prunetrain.engine.heads import KINDS, NEURON_KINDS, UNITS, HeadLayout, HeadSite, find_heads, find_neurons, find_sites
 from prunetrain.engine.mask import HeadMask, attached_masks
 from prunetrain.engine.persist import load_pruned, save_pruned
 from prunetrain.engine.shrink import shrink
@@ -65,6 +66,7 @@ def __getattr__(name: str):
 
 
 __all__ = [
-    "KINDS", "FamilyAdapter", "HeadLayout", "HeadMask", "HeadSite", "attached_masks", "find_heads", "load_pruned",
+    "KINDS", "NEURON_KINDS", "UNITS", "FamilyAdapter", "FeedForward", "HeadLayout", "HeadMask", "HeadSite",
+    "attached_masks", "find_heads", "find_neurons", "find_sites", "load_pruned",
     "register", "save_pruned", "shrink", "supported_families", *_LAZY,
 ]

@@ -1,4 +1,4 @@
-"""HeadMask: a keep value ξ_h per head per site, applied on the input of each attention output projection.
+"""HeadMask: a keep value ξ_h per unit per site, applied on the input of each site's output projection.
 
 Michel et al. (2019) write multi-head attention with a mask variable per head,
 
@@ -8,6 +8,10 @@ so multiplying head h's slice of the concatenated head outputs (the input of the
 `[..., num_heads * head_dim]`, head-major) by ξ_h is exactly that. It works for every attention backend (eager,
 sdpa, flex) because it acts after attention. With `requires_grad_()` the keep values are leaf tensors and
 ∂L/∂ξ_h is their gradient (the basis of head importance).
+
+FFN neurons are units of the same kind (`prunetrain.engine.heads`): a neuron's keep value multiplies its input
+feature of the FFN's down projection, `FFN(x) = Σ_j ξ_j · act(x·w_j) d_j`, with the same hook. A mask describes the
+units of its layout: `HeadMask.ones(model)` heads only, `HeadMask.ones(model, units=("heads", "neurons"))` both.
 """
 
 from __future__ import annotations
@@ -23,7 +27,8 @@ from typing import Iterable, Iterator, Mapping
 import torch
 from torch import nn
 
-from prunetrain.engine.heads import AttentionSite, HeadLayout, attention_sites, find_heads, unwrap_model
+from prunetrain.engine.heads import (AttentionSite, HeadLayout, all_sites, find_sites, layout_naming, live_sites,
+                                     unwrap_model)
 from prunetrain.engine.peft_support import PlacedHook, module_slots, out_of_place, place_hook
 from prunetrain.engine.remote_code import adopt_loaded_masks, set_mask_recorder, unwatch_config, watch_config
 
@@ -31,6 +36,8 @@ from prunetrain.engine.remote_code import adopt_loaded_masks, set_mask_recorder,
 def scale_heads(x: torch.Tensor, values: torch.Tensor, head_dim: int) -> torch.Tensor:
     """Multiply head h's slice of the concatenated head outputs x `[..., H * d]` by values[h]."""
     values = values.to(device=x.device, dtype=x.dtype)
+    if head_dim == 1:  # FFN neurons: one feature each
+        return x * values
     return (x.unflatten(-1, (-1, head_dim)) * values[:, None]).flatten(-2)  # [..., H, d] -> [..., H * d]
 
 
@@ -68,12 +75,17 @@ class HeadMask:
 
     # construction -----------------------------------------------------------------------------------------------
     @classmethod
-    def ones(cls, model_or_layout: nn.Module | HeadLayout) -> "HeadMask":
-        return cls(_layout_of(model_or_layout))
+    def ones(cls, model_or_layout: nn.Module | HeadLayout, units=("heads",)) -> "HeadMask":
+        """A mask keeping every unit: of a layout, or of a model's sites of `units` ("heads", "neurons" or both;
+        ignored for a layout, which says its own)."""
+        return cls(_layout_of(model_or_layout, units))
 
     @classmethod
     def from_heads(cls, model_or_layout, remove: Mapping[str, Iterable[int]]) -> "HeadMask":
-        """A mask that removes the given heads (current positions within each site) and keeps all others."""
+        """A mask that removes the given units (current positions within each site) and keeps all others; for a
+        model, its layout covers the units the named sites hold (heads, and neurons if an FFN site is named)."""
+        if isinstance(model_or_layout, nn.Module):
+            model_or_layout = layout_naming(model_or_layout, list(remove))
         mask = cls.ones(model_or_layout)
         for name, heads in remove.items():
             for head in heads:
@@ -186,7 +198,7 @@ class HeadMask:
         if self.attached:
             raise RuntimeError("HeadMask.attach: this mask is already attached; call detach() first.")
         model = unwrap_model(model)  # record it under the model itself, not a DDP / accelerate wrapper
-        sites = attention_sites(model)
+        sites = live_sites(model, self.layout.units)
         self.check_matches(sites)
         others = [m for m in _attached_masks(model) if owner is not None and m._owner not in (None, owner)
                   and not isinstance(owner, SavedMask)]  # masks loaded together are one model's
@@ -206,6 +218,8 @@ class HeadMask:
 
     def _register(self, sites: list[AttentionSite], slots: dict) -> None:
         for site in sites:
+            if site.info.name not in self._values:
+                continue  # a site of a unit this mask does not describe
             hook = _HeadScale(self._values[site.info.name], site.info.head_dim)
             for placed, module, handle in place_hook(hook, site.out_proj, slots):
                 self._handles.append(handle)
@@ -244,7 +258,7 @@ class HeadMask:
     def check_matches(self, model_or_sites) -> None:
         """Raise `ValueError` unless this mask was built for the same sites and head counts as the model."""
         if isinstance(model_or_sites, nn.Module):
-            sites = [s.info for s in attention_sites(model_or_sites)]
+            sites = [s.info for s in live_sites(model_or_sites, self.layout.units)]
         else:
             sites = [s.info if isinstance(s, AttentionSite) else s for s in model_or_sites]
         mine = [(s.name, s.num_heads) for s in self.layout]
@@ -352,10 +366,10 @@ def _check_range(what: str, tensor: torch.Tensor) -> None:
         raise ValueError(f"{what}: keep value {float(bad[0]):.6g} is outside [0, 1].")
 
 
-def _layout_of(model_or_layout) -> HeadLayout:
+def _layout_of(model_or_layout, units=("heads",)) -> HeadLayout:
     if isinstance(model_or_layout, HeadLayout):
         return model_or_layout
-    return find_heads(model_or_layout)
+    return find_sites(model_or_layout, units)
 
 
 _ATTACHED: "weakref.WeakKeyDictionary[nn.Module, list]" = weakref.WeakKeyDictionary()
@@ -375,7 +389,7 @@ def _move_onto_replaced_projections(model: nn.Module, masks: list) -> None:
     """Output projections replaced since the masks were attached (peft's `get_peft_model` wraps them): the masks'
     hooks are registered again on the projections now in place, in the same order, so each mask covers the new
     layers' whole input (adapter included)."""
-    sites, slots = attention_sites(model), module_slots(model)
+    sites, slots = all_sites(model), module_slots(model)
     for mask in masks:
         for handle in mask._handles:
             handle.remove()
@@ -389,7 +403,7 @@ def stray_mask_hooks(model: nn.Module) -> list[str]:
     is not)."""
     model = unwrap_model(model)
     owned = {handle.id for mask in attached_masks(model) for handle in mask._handles}
-    return [site.info.name for site in attention_sites(model)
+    return [site.info.name for site in all_sites(model)
             if any(isinstance(hook, _HeadScale) and key not in owned
                    for key, hook in site.out_proj._forward_pre_hooks.items())]
 
@@ -483,7 +497,7 @@ def saved_mask_record(model: nn.Module) -> list[dict]:
     items += [(scaler.owner, scaler.saved_keep()) for scaler in _SCALERS.get(model, [])]
     if not items:
         return []
-    sites = {site.info.name: site for site in attention_sites(model)}
+    sites = {site.info.name: site for site in all_sites(model)}
     paths = {id(module): name for name, module in model.named_modules()}
     record = []
     for owner, values in items:
@@ -500,10 +514,9 @@ def attach_saved_masks(model: nn.Module, record: list[dict]) -> list[HeadMask]:
     of its recorded owner, in the recorded order; returns them. A record that does not fit the model is a
     ValueError from `HeadMask` (naming the site)."""
     model = unwrap_model(model)
-    layout = find_heads(model)
     masks = []
     for entry in record:
-        mask = HeadMask.ones(layout)
+        mask = HeadMask.ones(layout_naming(model, list(entry["sites"])))
         for name, site in entry["sites"].items():
             mask[name] = site["keep"]
         masks.append(mask)

@@ -12,7 +12,8 @@ weights are loaded, so the weights fit exactly:
   columns of the removed heads are gone) get an empty tensor of the recorded shape (the checkpoint fills it);
 - `attrs`: integer attributes of the attention modules that depend on the head count (e.g. `num_heads`);
 - `classes`: a site with no heads left runs `headless_forward` (the output projection of an empty input: its bias
-  and the residual path remain; empty keys/values still go to the KV cache so positions keep counting);
+  and the residual path remain; empty keys/values still go to the KV cache so positions keep counting); so does
+  an FFN with no neuron left whose own forward cannot run empty (GPT-2's MLP: the down projection's bias);
 - `bias_select`: a shrunk site of a model with one position bias shared by all layers (T5: one row per original
   head) picks its own heads from the full bias and hands the full bias on;
 - `headless_cache`: head-less self-attention sites whose KV-cache layer must count positions from the keys'
@@ -123,7 +124,7 @@ def headless_forward(self, hidden_states, *args, **kwargs):
         out = proj.bias.expand(*lead, proj.bias.shape[-1])  # = bias + [..., 0] @ [0, E]; traces with dynamic shapes
     if self._pt_post is not None:
         out = _get(self, self._pt_post)(out)
-    return out, None
+    return out if getattr(self, "_pt_tensor_only", False) else (out, None)
 
 
 _HEADLESS: dict = {}

@@ -24,7 +24,8 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from prunetrain.engine.heads import LAYOUT_CONFIG_KEY, HeadLayout, find_heads, layout_record, unwrap_model
+from prunetrain.engine.heads import (LAYOUT_CONFIG_KEY, HeadLayout, find_sites, layout_naming, layout_record,
+                                     unwrap_model)
 from prunetrain.engine.peft_support import merged_weights
 from prunetrain.engine.mask import HeadMask, attach_saved_masks
 from prunetrain.engine.remote_code import LAYOUT_FILE, PORTABLE_ATTENTION, SPEC_KEY, mark_pruned, running_attention
@@ -70,7 +71,8 @@ def save_pruned(model: nn.Module, path: str | os.PathLike, overwrite: bool = Fal
 
 
 def shrink_to_layout(model: nn.Module, layout_or_config) -> HeadLayout:
-    """Shrink `model` so each site holds exactly the original heads a recorded layout names (in place).
+    """Shrink `model` so each site holds exactly the original units (heads, FFN neurons) a recorded layout names
+    (in place).
 
     The one way to rebuild a recorded shape: `load_pruned`, resuming a run that shrank mid-training, and building a
     fresh model with a pruned model's heads all use it. Sites the record does not name are left as they are; a model
@@ -82,7 +84,7 @@ def shrink_to_layout(model: nn.Module, layout_or_config) -> HeadLayout:
             holding that mapping under `prunetrain_heads`, or None (nothing to do).
 
     Returns:
-        The model's head layout afterwards.
+        The model's layout afterwards: its heads, and its neurons when the record names an FFN site.
     """
     net = unwrap_model(model)
     recorded = layout_or_config
@@ -92,9 +94,9 @@ def shrink_to_layout(model: nn.Module, layout_or_config) -> HeadLayout:
         recorded = getattr(recorded, LAYOUT_CONFIG_KEY, None)
     elif isinstance(recorded, Mapping) and LAYOUT_CONFIG_KEY in recorded:
         recorded = recorded[LAYOUT_CONFIG_KEY]
-    layout = find_heads(net)
     if recorded is not None and not isinstance(recorded, Mapping):
         raise ValueError(f"layout: {recorded!r} is not a mapping {{site name: [original head indices kept]}}.")
+    layout = layout_naming(net, list(recorded or {}))
     remove = {}
     for name, kept in (recorded or {}).items():
         if name not in layout:
@@ -106,8 +108,12 @@ def shrink_to_layout(model: nn.Module, layout_or_config) -> HeadLayout:
             raise ValueError(f"layout: site {name!r} keeps heads {sorted(missing)} that the model no longer has.")
         remove[name] = [i for i, head in enumerate(layout[name].heads) if head not in kept]
     if any(remove.values()):
-        shrink(net, HeadMask.from_heads(net, remove))
-    return find_heads(net)
+        mask = HeadMask.ones(layout)
+        for name, positions in remove.items():
+            for position in positions:
+                mask.set(name, position, 0.0)
+        shrink(net, mask)
+    return find_sites(net, layout.units)
 
 
 def check_kept_heads(site: str, kept, original_heads: int) -> list[int]:
@@ -172,7 +178,7 @@ def load_pruned(
         raise ValueError(f"path: config.json in {str(path)!r} names no loadable architecture ({architectures!r}).")
     with torch.device("meta"):  # the recorded shapes, checked before any weight is read
         probe = model_cls(copy.deepcopy(config))
-    _check_recorded(path, find_heads(probe), recorded)
+    _check_recorded(path, layout_naming(probe, list(recorded) if isinstance(recorded, dict) else []), recorded)
     with torch.device("cpu"):
         probe_layout = shrink_to_layout(probe, recorded)
     if probe_layout.to_dict() != saved_layout.to_dict():
@@ -237,7 +243,7 @@ def _mask_record_problem(record) -> str | None:
 def _masks_from_record(model: nn.Module, record: list[dict]) -> list[HeadMask]:
     masks = []
     for entry in record:
-        mask = HeadMask.ones(model)
+        mask = HeadMask.ones(layout_naming(model, list(entry["sites"])))
         for name, site in entry["sites"].items():
             mask[name] = site["keep"]  # checks the site, the head count and the values
         masks.append(mask)
@@ -253,7 +259,7 @@ def apply_saved_masks(model: nn.Module, record: list[dict], masks: str = "attach
     if masks == "attach":
         attach_saved_masks(model, record)
         return
-    product = HeadMask.ones(model)
+    product = HeadMask.ones(layout_naming(model, [name for entry in record for name in entry["sites"]]))
     for mask in _masks_from_record(model, record):
         for name, values in mask.items():
             product[name] = product[name] * values

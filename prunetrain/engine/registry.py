@@ -37,6 +37,10 @@ class Adapter(Protocol):
 
     def shrink_refusal(self, site: Any) -> str | None: ...
 
+    def neuron_sites(self, model: "nn.Module") -> list: ...
+
+    def neuron_refusal(self, model: "nn.Module") -> str | None: ...
+
 
 _ADAPTERS: list[Adapter] = []
 _DISCOVERERS: list[Callable[["nn.Module"], None]] = []  # at most one: the structural discovery of `families`

@@ -38,7 +38,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from prunetrain.engine.heads import LAYOUT_CONFIG_KEY, attention_sites, layout_record, unwrap_model
+from prunetrain.engine.heads import LAYOUT_CONFIG_KEY, all_sites, layout_record, unwrap_model
 from prunetrain.engine.peft_support import base_view
 from prunetrain.engine.own_config import own_config
 
@@ -118,7 +118,10 @@ def remote_spec(model: nn.Module) -> dict:
     """
     model = unwrap_model(model)
     reference = dict(fresh_model(model).named_modules())
-    sites = {s.info.name: s for s in attention_sites(model)}
+    every = all_sites(model)
+    sites = {s.info.name: s for s in every}
+    paths = {id(module): name for name, module in model.named_modules()}
+    roots = {paths[id(s.module)] for s in every}  # the modules holding a site (an FFN site's is not its name)
     spec: dict = {"params": {}, "attrs": {}, "classes": {}, "bias_select": {}, "headless_cache": {}}
     for path, module in base_view(model):  # peft tuner layers read as the base layers a merge leaves
         ref = reference.get(path)
@@ -129,7 +132,7 @@ def remote_spec(model: nn.Module) -> dict:
             ref_param = ref._parameters.get(name, ref._buffers.get(name))
             if param is not None and ref_param is not None and param.shape != ref_param.shape:
                 spec["params"][f"{path}.{name}" if path else name] = list(param.shape)
-        site_root = next((s for s in sites if path == s or path.startswith(s + ".")), None)
+        site_root = next((s for s in roots if path == s or path.startswith(s + ".")), None)
         if site_root is not None:
             changed = {k: v for k, v in vars(module).items()
                        if not k.startswith("_") and k not in _SKIP_ATTRS and isinstance(v, (int, float, str))

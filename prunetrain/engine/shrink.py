@@ -1,4 +1,6 @@
-"""Physical head removal: slice q/k/v rows and output-projection columns, in place, optimizer state included.
+"""Physical removal of heads and FFN neurons: slice the rows of the projections before a site (q/k/v; up and
+gate) and the columns of its output projection (attention's output projection; the FFN's down projection), in
+place, optimizer state included.
 
 `shrink(model, mask)` makes the model compute exactly what the masked model computes, with fewer weights:
 for every head h with ξ_h = 0 the q/k/v rows and output-projection columns of h are removed; a kept head with
@@ -19,7 +21,7 @@ from torch import nn
 
 from prunetrain.engine import peft_support
 from prunetrain.engine.compile_room import make_room_for_layouts
-from prunetrain.engine.heads import LAYOUT_CONFIG_KEY, AttentionSite, HeadLayout, attention_sites, find_heads, unwrap_model
+from prunetrain.engine.heads import LAYOUT_CONFIG_KEY, AttentionSite, HeadLayout, find_sites, live_sites, unwrap_model
 from prunetrain.engine.kv_cache import track_headless_cache
 from prunetrain.engine.mask import HeadMask, attached_masks, stray_mask_hooks
 from prunetrain.engine.own_config import own_config
@@ -140,7 +142,7 @@ def shrink(
         raise TypeError(f"mask: expected a prunetrain.HeadMask, got {type(mask).__name__}.")
     peft_support.refuse_prompt_learning(model)
     model = unwrap_model(model)  # a PeftModel: its base model, adapters sliced with it (engine.peft_support)
-    sites = attention_sites(model)
+    sites = live_sites(model, mask.layout.units)
     mask.check_matches(sites)
     others = [m for m in attached_masks(model) if m is not mask]
     if others:
@@ -156,7 +158,7 @@ def shrink(
         select = ShardedEditor(model, select.optimizer, select)
     select = peft_support.adapter_aware(model, select)
     keeps = {site.info.name: mask[site.info.name].detach().clone() for site in sites}
-    _refuse_second_fold(model, keeps)
+    _refuse_second_fold(model, keeps, mask.layout.units)
     plans = [(site, _keep_positions(site, keeps[site.info.name], gqa_rounding)) for site in sites]
     for site, positions in plans:
         changes = len(positions) != site.info.num_heads or not bool((keeps[site.info.name] == 1).all())
@@ -182,18 +184,18 @@ def shrink(
         setattr(model.config, FOLDED_CONFIG_KEY, {  # soft values folded in: recorded by original head index
             site.info.name: {str(site.info.heads[i]): float(keeps[site.info.name][i]) for i in positions.tolist()}
             for site, positions in plans})
-    layout = find_heads(model)
+    layout = find_sites(model, mask.layout.units)
     make_room_for_layouts(model, layout)  # a compiled model keeps a graph per layer layout (engine.compile_room)
     return layout
 
 
-def _refuse_second_fold(model: nn.Module, keeps: dict[str, torch.Tensor]) -> None:
+def _refuse_second_fold(model: nn.Module, keeps: dict[str, torch.Tensor], units: tuple[str, ...]) -> None:
     """A soft mask equal to the one the last `shrink` folded into this model would scale the same heads again."""
     record = getattr(model.config, FOLDED_CONFIG_KEY, None)
     if not isinstance(record, dict) or set(record) != set(keeps) or not all(isinstance(v, dict) for v in
                                                                           record.values()):
         return
-    heads = {site.name: site.heads for site in find_heads(model)}
+    heads = {site.name: site.heads for site in find_sites(model, units)}
     same = all({str(h): float(v) for h, v in zip(heads[n], keeps[n].tolist()) if v != 0} ==
                {h: v for h, v in record[n].items() if v != 0} for n in keeps)
     soft = any(bool(((v != 0) & (v != 1)).any()) for v in keeps.values())

@@ -6,7 +6,8 @@ group of families. Importing this package (which `import prunetrain` does) regis
 proposes (and proves) an adapter from a model's structure for model types none of them names.
 """
 
-from prunetrain.engine.families.core import (CROSS_ATTENTION_NAMES, FamilyAdapter, LinearAttentionAdapter, Select,
+from prunetrain.engine.families.core import (CROSS_ATTENTION_NAMES, FamilyAdapter, FeedForward, LinearAttentionAdapter,
+                                             Select,
                                              adapter_for, define_headless, define_subclass, head_rows, register,
                                              select_linear_in, select_linear_out, supported_families,
                                              supported_model_types, switch_class, unregister)
@@ -17,7 +18,7 @@ from prunetrain.engine.families.classic import (BertAdapter, GPT2Adapter, LlamaA
 from prunetrain.engine.families.fsmt import FSMTAdapter
 from prunetrain.engine.families.discovery import discover_adapter
 
-__all__ = ["CROSS_ATTENTION_NAMES", "FamilyAdapter", "LinearAttentionAdapter", "Select", "adapter_for",
+__all__ = ["CROSS_ATTENTION_NAMES", "FamilyAdapter", "FeedForward", "LinearAttentionAdapter", "Select", "adapter_for",
            "define_headless", "define_subclass", "head_rows", "register", "select_linear_in", "select_linear_out",
            "supported_families", "supported_model_types", "switch_class", "unregister", "discover_adapter",
            "BertAdapter", "FSMTAdapter",

@@ -5,8 +5,9 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from prunetrain.engine.families.core import (FamilyAdapter, LinearAttentionAdapter, _layer_index, class_names,
-                                             define_headless, head_rows, register, switch_class)
+from prunetrain.engine.families.core import (ENCODER_DECODER_FFN_WIDTH, FamilyAdapter, FeedForward,
+                                             LinearAttentionAdapter, _layer_index, class_names, define_headless,
+                                             define_subclass, head_rows, headless_forward, register, switch_class)
 from prunetrain.engine.heads import AttentionSite, HeadSite
 
 
@@ -16,6 +17,7 @@ class BertAdapter(LinearAttentionAdapter):
 
     name = "bert"
     model_types = ("bert", "roberta")
+    ffn = FeedForward(("BertLayer", "RobertaLayer"), up=("intermediate.dense",), down="output.dense")
     module_classes = ("BertAttention", "RobertaAttention")
     q, k, v, out = "self.query", "self.key", "self.value", "output.dense"
     head_dim_attr = "self.attention_head_size"
@@ -32,6 +34,8 @@ class MarianBartAdapter(LinearAttentionAdapter):
 
     name = "marian-bart"
     model_types = ("marian", "bart")
+    ffn = FeedForward(("MarianEncoderLayer", "MarianDecoderLayer", "BartEncoderLayer", "BartDecoderLayer"),
+                      up=("fc1",), down="fc2", width=ENCODER_DECODER_FFN_WIDTH)
     module_classes = ("MarianAttention", "BartAttention")
     count_attrs = ("num_heads",)
 
@@ -49,6 +53,8 @@ class LlamaAdapter(LinearAttentionAdapter):
 
     name = "llama"
     model_types = ("llama", "qwen2", "mistral")
+    ffn = FeedForward(("LlamaMLP", "Qwen2MLP", "MistralMLP"), up=("gate_proj", "up_proj"), down="down_proj",
+                      width_attrs=("intermediate_size",))
     module_classes = ("LlamaAttention", "Qwen2Attention", "MistralAttention")
     out = "o_proj"
     groups_attr = "num_key_value_groups"
@@ -68,6 +74,8 @@ class T5Adapter(LinearAttentionAdapter):
 
     name = "t5"
     model_types = ("t5",)
+    ffn = (FeedForward(("T5DenseActDense",), up=("wi",), down="wo", width="d_ff"),
+           FeedForward(("T5DenseGatedActDense",), up=("wi_0", "wi_1"), down="wo", width="d_ff"))
     module_classes = ("T5Attention",)
     q, k, v, out = "q", "k", "v", "o"
     head_dim_attr = "key_value_proj_dim"
@@ -145,12 +153,27 @@ HEADLESS_GPT2 = define_headless("HeadlessGPT2Attention", _gpt2_attention, out="c
 forward cannot run): the output projection's bias remains, the cache records empty keys/values."""
 
 
+def _gpt2_mlp() -> type:
+    from transformers.models.gpt2.modeling_gpt2 import GPT2MLP
+
+    return GPT2MLP
+
+
+EMPTY_GPT2_MLP = define_subclass("EmptyGPT2MLP", _gpt2_mlp, forward=headless_forward, _pt_out="c_proj",
+                                 _pt_head_dim="c_proj.nx", _pt_cache_kwargs=(), _pt_time_first=False,
+                                 _pt_post="dropout", _pt_tensor_only=True)
+"""GPT-2's MLP with every neuron removed (its `Conv1D` cannot flatten a 0-wide input): the down projection's bias,
+through the MLP's dropout, as the masked model computes."""
+
+
 @register
 class GPT2Adapter(FamilyAdapter):
     """GPT-2: `h.i.attn` with a fused `c_attn` (Conv1D, weight `[in, 3 * E]`: q | k | v) and `c_proj`."""
 
     name = "gpt2"
     model_types = ("gpt2",)
+    ffn = FeedForward(("GPT2MLP",), up=("c_fc",), down="c_proj", width="n_inner",
+                      default_width=lambda config: 4 * config.n_embd, empty_class="EmptyGPT2MLP")
 
     def sites(self, model):
         if getattr(model.config, "add_cross_attention", False):

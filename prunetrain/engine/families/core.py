@@ -113,6 +113,31 @@ def select_linear_in(linear: nn.Linear, cols: torch.Tensor, select: Select) -> N
     linear.in_features = len(cols)
 
 
+def _is_conv1d(module: nn.Module) -> bool:
+    """transformers' `Conv1D` (GPT-2): a linear layer with weight `[in, out]` and sizes in `nx` / `nf`."""
+    return "Conv1D" in class_names(module)
+
+
+def select_out_features(module: nn.Module, rows: torch.Tensor, select: Select) -> None:
+    """Keep output features `rows` of an `nn.Linear` or a transformers `Conv1D` (weight and bias)."""
+    if not _is_conv1d(module):
+        select_linear_out(module, rows, select)
+        return
+    select(module.weight, 1, rows)
+    if module.bias is not None:
+        select(module.bias, 0, rows)
+    module.nf = len(rows)
+
+
+def select_in_features(module: nn.Module, cols: torch.Tensor, select: Select) -> None:
+    """Keep input features `cols` of an `nn.Linear` or a transformers `Conv1D` (weight only)."""
+    if not _is_conv1d(module):
+        select_linear_in(module, cols, select)
+        return
+    select(module.weight, 0, cols)
+    module.nx = len(cols)
+
+
 # ---------------------------------------------------------------------------------------------------------------------
 # the one mechanism for sites whose own forward cannot run with the heads shrink leaves: a class switch
 # ---------------------------------------------------------------------------------------------------------------------
@@ -198,7 +223,7 @@ def headless_forward(self, hidden_states, *args, **kwargs):
         out = proj.bias.expand(*lead, proj.bias.shape[-1])  # = bias + [..., 0] @ [0, E]; traces with dynamic shapes
     if self._pt_post is not None:
         out = _get(self, self._pt_post)(out)
-    return out, None
+    return out if getattr(self, "_pt_tensor_only", False) else (out, None)
 
 
 def define_headless(name: str, base: Callable[[], type], out: str | None, head_dim: str,
@@ -224,6 +249,133 @@ def define_headless(name: str, base: Callable[[], type], out: str | None, head_d
 
 
 # ---------------------------------------------------------------------------------------------------------------------
+# FFN neurons: where a family keeps them, and how a site of them is sliced
+# ---------------------------------------------------------------------------------------------------------------------
+class FeedForward:
+    """Where one family keeps its FFN neurons: the module classes holding an FFN, the up projections whose output
+    features are the neurons, and the down projection whose input features are the neurons.
+
+    Neuron j of an FFN of width I is row j of every up projection (rows j, I + j, ... of one that fuses `fused`
+    blocks, e.g. Phi-3's `gate_up_proj` = [gate | up]) and input column j of the down projection. Every activation
+    between them acts element-wise (ReLU, GELU, SiLU, and the gate's product in gated FFNs), so removing neuron j
+    removes exactly its contribution `act(x·w_j) · d_j` — the computation a keep value ξ_j = 0 on the down
+    projection's input gives.
+
+    Args:
+        classes: module class names holding the FFN (subclasses match too).
+        up: paths, inside such a module, of the up (and gate) projections.
+        down: path of the down projection.
+        fused: blocks of width I in each up projection's output (2 for a fused gate/up projection).
+        width: where the original width I is in the config: one key, or {kind: key}; the first key found among
+            them is read from the config of the module's tower (`text_config` for `text_model.*`, ...).
+        default_width: the width when the config leaves the key None: a callable of the config (GPT-2: 4 × n_embd).
+        width_attrs: integer attributes of the module set to the new width after a shrink (e.g. Llama's
+            `intermediate_size`), so the module describes itself truly.
+        leaf_names: only modules whose attribute name is one of these (None: any).
+        empty_class: the declared subclass (see `define_headless`) the module switches to at width 0, for a family
+            whose own forward cannot run with no neuron (GPT-2's `Conv1D` cannot flatten a 0-wide input).
+    """
+
+    def __init__(self, classes: tuple[str, ...], up: tuple[str, ...], down: str, *, fused: int = 1,
+                 width: str | tuple[str, ...] | dict[str, str | tuple[str, ...]] = ("intermediate_size",),
+                 default_width: Callable | None = None, width_attrs: tuple[str, ...] = (),
+                 leaf_names: tuple[str, ...] | None = None, empty_class: str | None = None):
+        self.classes, self.up, self.down, self.fused = tuple(classes), tuple(up), down, fused
+        self.width, self.default_width, self.width_attrs = width, default_width, tuple(width_attrs)
+        self.leaf_names, self.empty_class = leaf_names, empty_class
+
+    def is_host(self, path: str, module: nn.Module) -> bool:
+        if not class_names(module) & set(self.classes):
+            return False
+        return self.leaf_names is None or path.rsplit(".", 1)[-1] in self.leaf_names
+
+    def original_width(self, model: nn.Module, path: str, kind: str) -> int:
+        """The FFN width the config builds at `path` (before any shrink)."""
+        config = tower_config(model.config, path)
+        keys = self.width.get(kind, self.width.get("*")) if isinstance(self.width, dict) else self.width
+        keys = (keys,) if isinstance(keys, str) else tuple(keys)
+        for key in keys:
+            value = getattr(config, key, None)
+            if isinstance(value, int) and not isinstance(value, bool):
+                return value
+        if self.default_width is not None:
+            return int(self.default_width(config))
+        raise ValueError(f"model: the config of {type(model).__name__} holds none of {', '.join(keys)}, so the "
+                         f"original width of the FFN at {path!r} is unknown.")
+
+
+ENCODER_DECODER_FFN_WIDTH = {"encoder_ffn": "encoder_ffn_dim", "decoder_ffn": "decoder_ffn_dim"}
+"""The config keys of BART-style encoder–decoder models that size their encoder's and decoder's FFNs."""
+
+
+def tower_config(config, path: str):
+    """The config that sizes the module at `path`: a two-tower model's `text_config` / `vision_config` (CLIP,
+    SigLIP) for modules under `text_model` / `vision_model`, else `config` itself."""
+    first = path.split(".", 1)[0]
+    for prefix, key in (("text_model", "text_config"), ("vision_model", "vision_config")):
+        if first == prefix and getattr(config, key, None) is not None:
+            return getattr(config, key)
+    return config
+
+
+def ffn_kind(model: nn.Module, path: str) -> str:
+    """`encoder_ffn` / `decoder_ffn` in an encoder–decoder model (by the stack the path is in), else `ffn`."""
+    if getattr(model.config, "is_encoder_decoder", False):
+        return "encoder_ffn" if "encoder" in path.split(".") else "decoder_ffn"
+    return "ffn"
+
+
+class NeuronAdapter:
+    """The adapter of one family's FFN sites: what `shrink` calls to slice a site of neurons (`remove_heads`, as
+    for heads: the engine treats a neuron as a unit of width 1 whose output projection is the down projection).
+
+    A family may have several FFN layouts (T5's plain and gated FFN): one `FeedForward` each; a site is sliced
+    by the one whose classes its module matches."""
+
+    def __init__(self, family: "FamilyAdapter", specs: tuple[FeedForward, ...]):
+        self.family, self.specs = family, specs
+        self.name, self.model_types = family.name, family.model_types
+        self.time_first, self.cache_kwargs = family.time_first, ()
+
+    def spec_of(self, path: str, module: nn.Module) -> FeedForward | None:
+        return next((spec for spec in self.specs if spec.is_host(path, module)), None)
+
+    def sites(self, model: nn.Module) -> list[AttentionSite]:
+        found = []
+        for path, module in model.named_modules():
+            spec = self.spec_of(path, module)
+            if spec is None:
+                continue
+            down = _get(module, spec.down)
+            name = f"{path}.{spec.down}" if path else spec.down
+            layer = base_layer(down)
+            width = int(layer.weight.shape[0 if _is_conv1d(layer) else 1])
+            kind = ffn_kind(model, path)
+            info = HeadSite(name=name, kind=kind, layer=_layer_index(path), num_heads=width, head_dim=1,
+                            num_kv_heads=width, heads=FamilyAdapter.original_heads(model, name, width),
+                            original_num_heads=spec.original_width(model, path, kind))
+            found.append(AttentionSite(info=info, module=module, out_proj=down, adapter=self, root=model))
+        return found
+
+    def remove_heads(self, site: AttentionSite, keep: torch.Tensor, select: Select) -> None:
+        """Keep neurons `keep` (current positions, sorted): up/gate rows (each fused block), down columns."""
+        module = site.module
+        spec = next(spec for spec in self.specs if class_names(module) & set(spec.classes))
+        width = site.info.num_heads
+        rows = torch.cat([keep + block * width for block in range(spec.fused)])
+        for path in spec.up:
+            select_out_features(_get(module, path), rows, select)
+        select_in_features(site.out_proj, keep, select)
+        for attr in spec.width_attrs:
+            _set(module, attr, len(keep))
+        if len(keep) == 0 and spec.empty_class is not None:
+            switch_class(module, spec.empty_class)
+
+    def shrink_refusal(self, site: AttentionSite) -> str | None:
+        return None
+
+
+# ---------------------------------------------------------------------------------------------------------------------
 # adapters
 # ---------------------------------------------------------------------------------------------------------------------
 class FamilyAdapter:
@@ -240,9 +392,50 @@ class FamilyAdapter:
     model_types: tuple[str, ...] = ()
     time_first: bool = False
     cache_kwargs: tuple[str, ...] = CACHE_KWARGS
+    ffn: FeedForward | tuple[FeedForward, ...] | None = None
+    """Where the family's FFN neurons are, one `FeedForward` per FFN layout (None: its FFN is not prunable;
+    `ffn_refusal` says why)."""
+    ffn_refusal: str | None = None
+    """Why the family's FFN neurons cannot be pruned, one sentence (e.g. a mixture of experts)."""
+    moe_model_types: tuple[str, ...] = ()
+    """The model types of the family whose FFNs are mixtures of experts (their neurons are refused)."""
 
     def sites(self, model: nn.Module) -> list[AttentionSite]:  # pragma: no cover - abstract
         raise NotImplementedError
+
+    def neuron_refusal(self, model: nn.Module) -> str | None:
+        """Why `model`'s FFN neurons cannot be pruned (None: they can)."""
+        model_type = getattr(getattr(model, "config", None), "model_type", None)
+        if model_type in self.moe_model_types:
+            return (f"its FFNs ({model_type}) are mixtures of experts, whose experts' weights are fused into shared "
+                    f"tensors routed per token; prunetrain prunes dense FFNs only")
+        if self.ffn is not None:
+            return None
+        return self.ffn_refusal or (f"prunetrain has no FFN description for the {self.name!r} family (give its "
+                                    f"adapter an `ffn = FeedForward(...)`; see prunetrain.engine.families.core)")
+
+    def neuron_sites(self, model: nn.Module) -> list[AttentionSite]:
+        """Live handles on every FFN site of `model` (units: neurons); a ValueError with the reason for a family
+        whose FFN cannot be pruned, or a supported one in which no FFN is found (renamed modules)."""
+        refusal = self.neuron_refusal(model)
+        if refusal is not None:
+            raise ValueError(f"model: the FFN neurons of {type(model).__name__} cannot be pruned: "
+                             f"{refusal.rstrip('.')}. Prune its heads only.")
+        sites = self.neuron_adapter().sites(model)
+        if not sites:
+            classes = sorted({c for spec in self.neuron_adapter().specs for c in spec.classes})
+            raise ValueError(f"model: {type(model).__name__} is handled by adapter {self.name!r}, but none of its "
+                             f"modules matches the adapter's FFN classes ({', '.join(classes)}); the installed "
+                             f"transformers has probably renamed them (nothing would be pruned).")
+        return sites
+
+    def neuron_adapter(self) -> NeuronAdapter:
+        """The adapter of this family's FFN sites (one per family adapter, made on first use)."""
+        made = self.__dict__.get("_neuron_adapter")
+        if made is None:
+            specs = self.ffn if isinstance(self.ffn, tuple) else (self.ffn,)
+            made = self.__dict__["_neuron_adapter"] = NeuronAdapter(self, specs)
+        return made
 
     def remove_heads(self, site: AttentionSite, keep: torch.Tensor, select: Select) -> None:  # pragma: no cover
         """Slice `site`'s weights so that only query heads `keep` (current positions, sorted) remain."""

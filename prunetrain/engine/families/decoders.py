@@ -10,8 +10,9 @@ from __future__ import annotations
 
 import torch
 
-from prunetrain.engine.families.core import (LinearAttentionAdapter, _get, define_headless, define_subclass, head_rows,
-                                             register, select_linear_in, select_linear_out, switch_class)
+from prunetrain.engine.families.core import (FeedForward, LinearAttentionAdapter, _get, define_headless,
+                                             define_subclass, head_rows, register, select_linear_in,
+                                             select_linear_out, switch_class)
 from prunetrain.engine.heads import AttentionSite
 
 
@@ -41,6 +42,8 @@ class Qwen3Adapter(_Decoder):
 
     name = "qwen3"
     model_types = ("qwen3", "qwen3_moe")
+    ffn = FeedForward(("Qwen3MLP",), up=("gate_proj", "up_proj"), down="down_proj", width_attrs=("intermediate_size",))
+    moe_model_types = ("qwen3_moe",)
     module_classes = ("Qwen3Attention", "Qwen3MoeAttention")
 
 
@@ -50,6 +53,8 @@ class GemmaAdapter(_Decoder):
 
     name = "gemma"
     model_types = ("gemma", "gemma2", "gemma3_text")
+    ffn = FeedForward(("GemmaMLP", "Gemma2MLP", "Gemma3MLP"), up=("gate_proj", "up_proj"), down="down_proj",
+                      width_attrs=("intermediate_size",))
     module_classes = ("GemmaAttention", "Gemma2Attention", "Gemma3Attention")
 
 
@@ -61,6 +66,10 @@ class LlamaLikeAdapter(_Decoder):
 
     name = "llama-like"
     model_types = ("olmo", "starcoder2", "smollm3", "exaone4", "glm")
+    ffn = (FeedForward(("OlmoMLP", "SmolLM3MLP", "Exaone4MLP"), up=("gate_proj", "up_proj"), down="down_proj",
+                       width_attrs=("intermediate_size",)),
+           FeedForward(("Starcoder2MLP",), up=("c_fc",), down="c_proj"),
+           FeedForward(("GlmMLP",), up=("gate_up_proj",), down="down_proj", fused=2))
     module_classes = ("OlmoAttention", "Starcoder2Attention", "SmolLM3Attention", "Exaone4Attention", "GlmAttention")
 
 
@@ -70,6 +79,8 @@ class GraniteAdapter(_Decoder):
 
     name = "granite"
     model_types = ("granite",)
+    ffn = FeedForward(("GraniteMLP",), up=("gate_proj", "up_proj"), down="down_proj",
+                      width_attrs=("intermediate_size",))
     module_classes = ("GraniteAttention",)
 
 
@@ -79,6 +90,7 @@ class MoEAdapter(_Decoder):
 
     name = "moe"
     model_types = ("mixtral", "qwen2_moe")
+    moe_model_types = ("mixtral", "qwen2_moe")
     module_classes = ("MixtralAttention", "Qwen2MoeAttention")
 
 
@@ -120,6 +132,7 @@ class Olmo2Adapter(_Decoder):
     the KV cache shrink; the q/k projections do not."""
 
     name = "olmo2"
+    ffn = FeedForward(("Olmo2MLP",), up=("gate_proj", "up_proj"), down="down_proj", width_attrs=("intermediate_size",))
     model_types = ("olmo2",)
     module_classes = ("Olmo2Attention",)
 
@@ -148,6 +161,7 @@ class OPTAdapter(LinearAttentionAdapter):
 
     name = "opt"
     model_types = ("opt",)
+    ffn = FeedForward(("OPTDecoderLayer",), up=("fc1",), down="fc2", width="ffn_dim")
     module_classes = ("OPTAttention",)
     count_attrs = ("num_heads",)
     headless_class = define_headless("HeadlessOPTAttention", _attention_class("opt", "OPTAttention"),
@@ -212,6 +226,7 @@ class Phi3Adapter(_FusedAdapter):
     `PrunablePhi3Attention` (Phi-3's forward splits with the shared config's head count)."""
 
     name = "phi3"
+    ffn = FeedForward(("Phi3MLP",), up=("gate_up_proj",), down="down_proj", fused=2)
     model_types = ("phi3",)
     module_classes = ("Phi3Attention",)
     fused, out = "qkv_proj", "o_proj"
@@ -240,6 +255,7 @@ class GPTNeoXAdapter(_FusedAdapter):
     """GPT-NeoX / Pythia: fused `query_key_value` interleaved per head, rows `[H, 3 (q, k, v), d]`; `dense` out."""
 
     name = "gpt_neox"
+    ffn = FeedForward(("GPTNeoXMLP",), up=("dense_h_to_4h",), down="dense_4h_to_h")
     model_types = ("gpt_neox",)
     module_classes = ("GPTNeoXAttention",)
     out = "dense"
@@ -264,6 +280,8 @@ class GPTBigCodeAdapter(_FusedAdapter):
     `HeadlessGPTBigCodeAttention`."""
 
     name = "gpt_bigcode"
+    ffn = FeedForward(("GPTBigCodeMLP",), up=("c_fc",), down="c_proj", width="n_inner",
+                      default_width=lambda config: 4 * config.n_embd)
     model_types = ("gpt_bigcode",)
     module_classes = ("GPTBigCodeAttention",)
     fused, out = "c_attn", "c_proj"
@@ -314,6 +332,8 @@ class FalconAdapter(_FusedAdapter):
     """
 
     name = "falcon"
+    ffn = FeedForward(("FalconMLP",), up=("dense_h_to_4h",), down="dense_4h_to_h", width="ffn_hidden_size",
+                      default_width=lambda config: 4 * config.hidden_size)
     model_types = ("falcon",)
     module_classes = ("FalconAttention",)
     out = "dense"

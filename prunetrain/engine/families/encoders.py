@@ -24,7 +24,7 @@ import torch
 from torch import nn
 
 from prunetrain.engine.families.classic import BertAdapter
-from prunetrain.engine.families.core import (LinearAttentionAdapter, _get, define_headless, head_rows, register,
+from prunetrain.engine.families.core import (FeedForward, LinearAttentionAdapter, _get, define_headless, head_rows, register,
                                              select_linear_in, select_linear_out, switch_class)
 from prunetrain.engine.heads import AttentionSite
 
@@ -35,6 +35,7 @@ class DistilBertAdapter(LinearAttentionAdapter):
 
     name = "distilbert"
     model_types = ("distilbert",)
+    ffn = FeedForward(("FFN",), up=("lin1",), down="lin2", width="hidden_dim")
     module_classes = ("DistilBertSelfAttention",)
     q, k, v, out = "q_lin", "k_lin", "v_lin", "out_lin"
     head_dim_attr = "attention_head_size"
@@ -50,6 +51,7 @@ class XLMRobertaAdapter(BertAdapter):
 
     name = "xlm-roberta"
     model_types = ("xlm-roberta",)
+    ffn = FeedForward(("XLMRobertaLayer",), up=("intermediate.dense",), down="output.dense")
     module_classes = ("XLMRobertaAttention",)
 
 
@@ -59,6 +61,7 @@ class ElectraAdapter(BertAdapter):
 
     name = "electra"
     model_types = ("electra",)
+    ffn = FeedForward(("ElectraLayer",), up=("intermediate.dense",), down="output.dense")
     module_classes = ("ElectraAttention",)
 
 
@@ -73,6 +76,7 @@ class AlbertAdapter(LinearAttentionAdapter):
 
     name = "albert"
     model_types = ("albert",)
+    ffn = FeedForward(("AlbertLayer",), up=("ffn",), down="ffn_output")
     module_classes = ("AlbertAttention",)
     q, k, v, out = "query", "key", "value", "dense"
     head_dim_attr = "attention_head_size"
@@ -111,6 +115,7 @@ class DebertaV2Adapter(LinearAttentionAdapter):
 
     name = "deberta-v2"
     model_types = ("deberta-v2",)
+    ffn = FeedForward(("DebertaV2Layer",), up=("intermediate.dense",), down="output.dense")
     module_classes = ("DebertaV2Attention",)
     q, k, v, out = "self.query_proj", "self.key_proj", "self.value_proj", "output.dense"
     head_dim_attr = "self.attention_head_size"
@@ -149,6 +154,7 @@ class ModernBertAdapter(LinearAttentionAdapter):
 
     name = "modernbert"
     model_types = ("modernbert",)
+    ffn = FeedForward(("ModernBertMLP",), up=("Wi",), down="Wo", fused=2)
     module_classes = ("ModernBertAttention",)
     out = "Wo"
 

@@ -11,7 +11,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from prunetrain.engine.families.core import LinearAttentionAdapter, define_subclass, register, switch_class
+from prunetrain.engine.families.core import (ENCODER_DECODER_FFN_WIDTH, FeedForward, LinearAttentionAdapter,
+                                             define_subclass, register, switch_class)
 from prunetrain.engine.heads import AttentionSite
 
 
@@ -86,6 +87,8 @@ class FSMTAdapter(LinearAttentionAdapter):
 
     name = "fsmt"
     model_types = ("fsmt",)
+    ffn = FeedForward(("EncoderLayer", "DecoderLayer"), up=("fc1",), down="fc2",
+                      width=ENCODER_DECODER_FFN_WIDTH)
     module_classes = ("Attention",)
     count_attrs = ("num_heads",)
     time_first = True

@@ -16,7 +16,8 @@ from __future__ import annotations
 import torch
 
 from prunetrain.engine.families.classic import T5Adapter
-from prunetrain.engine.families.core import (CACHE_KWARGS, LinearAttentionAdapter, define_headless, define_subclass,
+from prunetrain.engine.families.core import (CACHE_KWARGS, ENCODER_DECODER_FFN_WIDTH, FeedForward,
+                                             LinearAttentionAdapter, define_headless, define_subclass,
                                              headless_forward, register, switch_class)
 from prunetrain.engine.heads import AttentionSite
 
@@ -31,12 +32,19 @@ class _EncoderDecoderAdapter(LinearAttentionAdapter):
         return c.encoder_attention_heads if kind == "encoder_self" else c.decoder_attention_heads
 
 
+def _layer_ffn(prefix: str) -> FeedForward:
+    """The FFN of BART-style layers (`fc1` → `fc2` inside `<prefix>EncoderLayer` / `<prefix>DecoderLayer`)."""
+    return FeedForward((f"{prefix}EncoderLayer", f"{prefix}DecoderLayer"), up=("fc1",), down="fc2",
+                       width=ENCODER_DECODER_FFN_WIDTH)
+
+
 @register
 class MBartAdapter(_EncoderDecoderAdapter):
     """mBART (and mBART-50): pre-norm BART."""
 
     name = "mbart"
     model_types = ("mbart",)
+    ffn = _layer_ffn("MBart")
     module_classes = ("MBartAttention",)
 
 
@@ -46,6 +54,7 @@ class M2M100Adapter(_EncoderDecoderAdapter):
 
     name = "m2m-100"
     model_types = ("m2m_100",)
+    ffn = _layer_ffn("M2M100")
     module_classes = ("M2M100Attention",)
 
 
@@ -55,6 +64,7 @@ class PegasusAdapter(_EncoderDecoderAdapter):
 
     name = "pegasus"
     model_types = ("pegasus",)
+    ffn = _layer_ffn("Pegasus")
     module_classes = ("PegasusAttention",)
 
 
@@ -64,6 +74,8 @@ class MT5Adapter(T5Adapter):
 
     name = "mt5"
     model_types = ("mt5",)
+    ffn = (FeedForward(("MT5DenseActDense",), up=("wi",), down="wo", width="d_ff"),
+           FeedForward(("MT5DenseGatedActDense",), up=("wi_0", "wi_1"), down="wo", width="d_ff"))
     module_classes = ("MT5Attention",)
 
 
@@ -96,6 +108,7 @@ class WhisperAdapter(_EncoderDecoderAdapter):
 
     name = "whisper"
     model_types = ("whisper",)
+    ffn = _layer_ffn("Whisper")
     module_classes = ("WhisperAttention",)
 
     def remove_heads(self, site: AttentionSite, keep: torch.Tensor, select) -> None:

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from prunetrain.engine.families.core import LinearAttentionAdapter, register
+from prunetrain.engine.families.core import FeedForward, LinearAttentionAdapter, register
 
 
 @register
@@ -25,6 +25,7 @@ class ViTAdapter(LinearAttentionAdapter):
 
     name = "vit"
     model_types = ("vit", "deit")
+    ffn = FeedForward(("ViTMLP", "DeiTMLP"), up=("fc1",), down="fc2")
     module_classes = ("ViTAttention", "DeiTAttention")
     out = "o_proj"
     count_attrs = ("num_attention_heads",)
@@ -54,6 +55,7 @@ class CLIPAdapter(_TwoTowerAdapter):
 
     name = "clip"
     model_types = ("clip", "clip_text_model", "clip_vision_model")
+    ffn = FeedForward(("CLIPMLP",), up=("fc1",), down="fc2")
     module_classes = ("CLIPAttention",)
 
 
@@ -63,4 +65,5 @@ class SiglipAdapter(_TwoTowerAdapter):
 
     name = "siglip"
     model_types = ("siglip", "siglip_text_model", "siglip_vision_model")
+    ffn = FeedForward(("SiglipMLP",), up=("fc1",), down="fc2")
     module_classes = ("SiglipAttention",)

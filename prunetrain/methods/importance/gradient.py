@@ -10,6 +10,9 @@ What `head_importance` computes exactly, for units u that are batches (`per="bat
 i.e. the token-weighted mean over units of |∂L_u/∂ξ_h|, L_u the unit's mean token loss. The ξ carry gradients on
 the heads' outputs: one per head for the whole batch (`per="batch"`, a `HeadMask`) or one per example and head
 (`per="example"`, hooks on the output projections), read after one backward per batch.
+
+FFN neurons (`units=("heads", "neurons")`): ξ_j is neuron j's keep value on the down projection's input, and
+I_j = E_x |∂L(x)/∂ξ_j| comes from the same backward pass as the heads' (one set of keep values, one hook each).
 """
 
 from __future__ import annotations
@@ -20,7 +23,7 @@ from typing import Any, Iterable, Iterator, Mapping
 import torch
 from torch import nn
 
-from prunetrain.engine.heads import HeadLayout, attention_sites
+from prunetrain.engine.heads import HeadLayout, live_sites
 from prunetrain.engine.mask import HeadMask
 from prunetrain.methods.importance.loop import (LossFn, autocast_context, batch_loss, finish_scores, iter_batches,
                                                 scoring_mode, scoring_setup)
@@ -89,7 +92,7 @@ class _ExampleGates:
     gradient; `abs_grad` sums |∂L/∂ξ[b, h]| over the examples b."""
 
     def __init__(self, net: nn.Module, layout: HeadLayout):
-        sites = attention_sites(net)
+        sites = live_sites(net, layout.units)
         if sites and sites[0].adapter.time_first:
             raise ValueError(f"per: 'example' needs batch-first attention outputs; {sites[0].adapter.name} "
                              f"models are time-first, so use per='batch'.")
@@ -135,6 +138,7 @@ def head_importance(
     autocast: torch.dtype | None = None,
     max_batches: int | None = None,
     sync: bool | None = None,
+    units=("heads",),
 ) -> HeadScores:
     """Michel et al. (2019) head importance I_h = E_x |∂L(x)/∂ξ_h| at ξ = 1 (eq. 2; see the module docstring
     for the exact token-weighted expectation).
@@ -159,6 +163,8 @@ def head_importance(
         max_batches: score at most this many batches (None: all).
         sync: None (default): all-reduce sums and counts when torch.distributed is initialised with >1 rank (every
             rank must call this function); False: local only; True: require a process group.
+        units: "heads" (default), "neurons" or both: the sites scored (neurons: FFN neurons, I_j of their keep
+            values on the down projections' input, in the same backward pass).
 
     Returns:
         `HeadScores` (method "gradient"); `meta` records the options, tokens, batches and world size.
@@ -166,7 +172,7 @@ def head_importance(
     check_choice("per", per, PER)
     check_choice("normalize", normalize, NORMALIZE)
     check_choice("reduction", reduction, REDUCTION)
-    world, net, device, layout, acc = scoring_setup(model, sync, autocast)
+    world, net, device, layout, acc = scoring_setup(model, sync, autocast, units)
     with scoring_mode(net), _unit_gates(per, net, layout) as gates:
         for batch in iter_batches(batches, device, max_batches):
             gates.start(batch)

@@ -10,7 +10,7 @@ from typing import Any, Callable, Iterable, Iterator, Mapping
 import torch
 from torch import nn
 
-from prunetrain.engine.heads import HeadLayout, find_heads, unwrap_model
+from prunetrain.engine.heads import HeadLayout, find_sites, unwrap_model
 from prunetrain.utils.device import device_of
 from prunetrain.utils.progress import bar
 
@@ -176,16 +176,16 @@ def finish_scores(acc: HeadSums, model: nn.Module, world: int, reduction: str) -
     return acc.result(reduction), world
 
 
-def scoring_setup(model: nn.Module, sync: bool | None, autocast) -> tuple[int, nn.Module, torch.device, HeadLayout,
-                                                                     HeadSums]:
+def scoring_setup(model: nn.Module, sync: bool | None, autocast, units=("heads",)
+                  ) -> tuple[int, nn.Module, torch.device, HeadLayout, HeadSums]:
     """What every scorer starts with: the distributed world size, the inner model (forward it, not a DDP wrapper,
-    which would expect parameter gradients), its device, its layout and empty per-head sums. The autocast argument
-    is validated here, before any work."""
+    which would expect parameter gradients), its device, its layout of `units` and empty per-unit sums. The
+    autocast argument is validated here, before any work."""
     world = distributed_world(sync)
     net = unwrap_model(model)
     device = device_of(net)
     autocast_context(device, autocast)
-    layout = find_heads(net)
+    layout = find_sites(net, units)
     return world, net, device, layout, HeadSums(layout)
 
 
