@@ -7,7 +7,9 @@ Models: the main job's architecture (Marian 6+6, d_model 256, 8 heads of 32, FFN
 - `pruned`: the main job's 36-head layout (recipes/results/wmt-small-deen-study/small-steps-cooldown-s0/layout.json,
   uneven over the layers, so CTranslate2 runs it padded per stack);
 - `per-stack`: 36 heads with one count per stack (2 in every encoder layer, 2 in every decoder self- and
-  cross-attention: `ServingConstraints(same_heads_per_stack=True)`), which CTranslate2 runs without padding.
+  cross-attention: `ServingConstraints(same_heads_per_stack=True)`), which CTranslate2 runs without padding;
+- `pruned+ffn50`, `per-stack+ffn50`: the same head layouts with half of every FFN's neurons removed too (CTranslate2
+  runs each layer's FFN at its own width: no FFN padding).
 Speed does not depend on the weights' values, but a random model's outputs have random lengths, so every arm decodes
 exactly `--length` target tokens per sentence (`min_decoding_length = max_decoding_length`; PyTorch:
 `min_new_tokens = max_new_tokens`): the arms do the same number of steps and the speed-ups are compute speed-ups.
@@ -60,15 +62,23 @@ def arms(model) -> dict:
     for site in find_heads(model):
         largest[stack[site.kind]] = max(largest.get(stack[site.kind], 1), kept[site.name])
 
-    def keep(counts):
+    def keep(counts, ffn_keep: float = 1.0):
         clone = copy.deepcopy(model)
-        shrink(clone, HeadMask.from_heads(clone, {s.name: range(counts(s), s.num_heads) for s in find_heads(clone)}))
+        mask = HeadMask.ones(clone, units=("heads", "neurons"))
+        for site in mask.layout:
+            count = counts(site) if site.unit == "heads" else round(ffn_keep * site.num_heads)
+            mask[site.name] = [1.0] * count + [0.0] * (site.num_heads - count)
+        shrink(clone, mask)
         return clone
 
-    pruned = keep(lambda s: kept[s.name])
+    def padded(site):
+        return largest[stack[site.kind]]
+
     return {"full": (model, model),
-            "pruned": (pruned, keep(lambda s: largest[stack[s.kind]])),
-            "per-stack": (keep(lambda s: 2),) * 2}
+            "pruned": (keep(lambda s: kept[s.name]), keep(padded)),
+            "per-stack": (keep(lambda s: 2),) * 2,
+            "pruned+ffn50": (keep(lambda s: kept[s.name], 0.5), keep(padded, 0.5)),
+            "per-stack+ffn50": (keep(lambda s: 2, 0.5),) * 2}
 
 
 ENGINES = ("pytorch", "ct2-float32", "ct2-int8", "ct2-float32-inter")
@@ -142,6 +152,8 @@ def main():
     p.add_argument("--batch-size", type=int, default=32, help="sentences per batch (default 32)")
     p.add_argument("--length", type=int, default=20, help="target tokens decoded per sentence (default 20)")
     p.add_argument("--sentences", type=int, default=1000, help="Multi30k test sentences (default: all 1000)")
+    p.add_argument("--arms", type=lambda text: text.split(","), default=None,
+                   help="comma-separated arms to time (default: all; full is always timed)")
     p.add_argument("--one", nargs=3, metavar=("ENGINE", "MODEL", "CT2_DIR"), help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.quick:
@@ -164,6 +176,8 @@ def main():
     sources = [s for s, _ in read_parallel(DATA, "test")][: args.sentences]
     torch.manual_seed(0)
     models = arms(MarianMTModel(marian_config(tokenizer, attn_implementation="sdpa")).eval())
+    chosen = ["full"] + [name for name in models if name != "full" and (args.arms is None or name in args.arms)]
+    models = {name: models[name] for name in chosen}
     work = Path(tempfile.mkdtemp(prefix="bench-ct2-"))
     encoded = torch_batches(tokenizer, sources, args.batch_size)
     rows = {}
@@ -175,7 +189,7 @@ def main():
             flops = count_flops(lambda m=executed, b=beams: torch_translate(m, encoded[:1], b, args.length)).total
             rows[(name, beams)] = {"flops_one_batch": flops, **padding_report(model)}
     del models
-    keys = [(name, engine) for name in ("full", "pruned", "per-stack") for engine in ENGINES]
+    keys = [(name, engine) for name in chosen for engine in ENGINES]
     runs = C.rounds_in_fresh_processes(keys, lambda key: [
         sys.executable, __file__, "--one", key[1], str(work / key[0]), str(work / f"{key[0]}-ct2"),
         "--threads", str(threads), "--batch-size", str(args.batch_size), "--length", str(args.length),
@@ -195,12 +209,14 @@ def main():
                         "share_of_ideal": (speedup - 1) / (ideal - 1) if ideal > 1 else None,
                         "vs_pytorch_same_arm": statistics.median(times[(name, "pytorch", beams)]) / seconds,
                         "heads_kept": rows[(name, beams)]["heads_kept"],
-                        "heads_executed": rows[(name, beams)]["heads_executed"], "all_seconds": values})
-    print(f"\n{'arm':10} {'engine':18} {'beams':>5} {'sent/s':>8} {'tok/s':>8} {'vs full':>8} {'ideal':>6} "
+                        "heads_executed": rows[(name, beams)]["heads_executed"],
+                        "neurons_kept": rows[(name, beams)]["neurons_kept"],
+                        "neurons_executed": rows[(name, beams)]["neurons_executed"], "all_seconds": values})
+    print(f"\n{'arm':16} {'engine':18} {'beams':>5} {'sent/s':>8} {'tok/s':>8} {'vs full':>8} {'ideal':>6} "
           f"{'share':>6} {'vs torch':>8}")
     for row in results:
         share = f"{row['share_of_ideal']:.2f}" if row["share_of_ideal"] is not None else "-"
-        print(f"{row['arm']:10} {row['engine']:18} {row['beams']:>5} {row['sentences_per_s']:8.1f} "
+        print(f"{row['arm']:16} {row['engine']:18} {row['beams']:>5} {row['sentences_per_s']:8.1f} "
               f"{row['target_tokens_per_s']:8.0f} {row['speedup_vs_full_same_engine']:8.2f} {row['flop_ideal']:6.2f} "
               f"{share:>6} {row['vs_pytorch_same_arm']:8.2f}")
     C.write_json(C.output_path(args, "ctranslate2"), {

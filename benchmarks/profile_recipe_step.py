@@ -9,7 +9,9 @@ sampler makes them). Arms:
 - `108 masked`, `72 masked`: the full model with a `HeadMask` attached (what the recipe trains between a prune and
   the next shrink: the masked heads are still computed, the mask multiplies their output by 0);
 - `72 shrunk`, `36 shrunk`: heads removed; 36 is the main job's final layout
-  (recipes/results/wmt-small-deen-study/small-steps-cooldown-s0/layout.json), 72 keeps half of every site.
+  (recipes/results/wmt-small-deen-study/small-steps-cooldown-s0/layout.json), 72 keeps half of every site;
+- `144+ffn50`, `36+ffn50`, `36+ffn25` (shrunk): FFN neurons removed too, every FFN keeping the first half (or
+  quarter) of its neurons, with all heads or the 36-head layout (which neurons go does not change the work).
 Each step is timed in three parts (forward, backward, optimizer: clipping + AdamW + zero_grad), interleaved over the
 arms in rotating order, medians over `--repeats` rounds; one more step per arm runs under torch.profiler, whose aten
 self times are summed by category (matmul, attention softmax, layer norm, embedding, loss and log-softmax,
@@ -54,7 +56,7 @@ from prunetrain.bench import count_flops
 REPO = Path(__file__).resolve().parents[1]
 LAYOUT = REPO / "recipes/results/wmt-small-deen-study/small-steps-cooldown-s0/layout.json"
 DATA = REPO.parent / "shared/data/multi30k"
-ARMS = ("144", "108 masked", "72 masked", "72 shrunk", "36 shrunk")
+ARMS = ("144", "108 masked", "72 masked", "72 shrunk", "36 shrunk", "144+ffn50", "36+ffn50", "36+ffn25")
 LOSSES = ("model", "trainer", "fused")
 LABEL_SMOOTHING = 0.1  # the recipe's train.label_smoothing
 CATEGORIES = {
@@ -83,13 +85,19 @@ def arms(model) -> dict:
         removal(counts).attach(clone)
         return clone
 
-    def shrunk(counts):
+    def shrunk(counts, ffn_keep: float = 1.0):
         clone = copy.deepcopy(model)
-        shrink(clone, removal(counts))
+        mask = HeadMask.ones(clone, units=("heads", "neurons"))
+        for site in mask.layout:
+            kept = counts(site) if site.unit == "heads" else round(ffn_keep * site.num_heads)
+            mask[site.name] = [1.0] * kept + [0.0] * (site.num_heads - kept)
+        shrink(clone, mask)
         return clone
 
     return {"144": model, "108 masked": masked(lambda s: 6), "72 masked": masked(lambda s: 4),
-            "72 shrunk": shrunk(lambda s: 4), "36 shrunk": shrunk(lambda s: kept36[s.name])}
+            "72 shrunk": shrunk(lambda s: 4), "36 shrunk": shrunk(lambda s: kept36[s.name]),
+            "144+ffn50": shrunk(lambda s: 8, 0.5), "36+ffn50": shrunk(lambda s: kept36[s.name], 0.5),
+            "36+ffn25": shrunk(lambda s: kept36[s.name], 0.25)}
 
 
 def outside_loss(loss: str):

@@ -413,7 +413,7 @@ def _env():
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("mode", ["prune-mask", "prune-shrink", "prune-mask-shrink", "gates"])
+@pytest.mark.parametrize("mode", ["prune-mask", "prune-shrink", "prune-mask-shrink", "gates", "prune-ffn-mask-shrink"])
 def test_killed_and_resumed_run_ends_with_the_same_masks(tmp_path, multi30k_dir, mode):
     full, killed = tmp_path / "full", tmp_path / "killed"
     command = [sys.executable, str(TINY_SCRIPT), "--data", str(multi30k_dir), "--callback", mode]
@@ -442,6 +442,9 @@ def test_killed_and_resumed_run_ends_with_the_same_masks(tmp_path, multi30k_dir,
         assert sum(sum(v) for v in b["mask"]["sites"].values()) == 12
         assert a["flops"] == b["flops"] > 0 and a["flop_records"] == b["flop_records"]
         assert [target for _, _, target in b["flop_records"]] == [2e8, 6e8]
+    if mode == "prune-ffn-mask-shrink":  # heads and FFN neurons shrunk at step 32, resumed on the shrunk model
+        assert {"heads", "neurons"} == set(b["layout"]["units"])
+        assert a["weights_sum"] == b["weights_sum"]  # the same training to the last bit
     if mode == "gates":
         for key in a["log_alpha"]:
             assert torch.allclose(torch.tensor(a["log_alpha"][key]), torch.tensor(b["log_alpha"][key]), atol=1e-5)

@@ -44,15 +44,19 @@ def _marian(tokenizer, seed: int = 0):
 def trained(m30k_tokenizer, multi30k_train_slice):
     """The tiny Marian model after 150 AdamW steps on 2000 Multi30k pairs (~10 s): its translations depend on the
     source (a random model says nearly the same thing for every sentence, which would compare little)."""
-    model = _marian(m30k_tokenizer).train()
+    return train_briefly(_marian(m30k_tokenizer), m30k_tokenizer, multi30k_train_slice)
+
+
+def train_briefly(model, tokenizer, pairs, steps: int = 150):
+    """`model` after `steps` AdamW steps on batches of 32 of `pairs` (eval mode)."""
+    model.train()
     optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3)
     generator = torch.Generator().manual_seed(0)
-    pairs = multi30k_train_slice
-    for _ in range(150):
+    for _ in range(steps):
         chosen = [pairs[i] for i in torch.randint(len(pairs), (32,), generator=generator).tolist()]
-        batch = m30k_tokenizer([s for s, _ in chosen], text_target=[t for _, t in chosen], return_tensors="pt",
-                               padding=True, truncation=True, max_length=64)
-        batch["labels"][batch["labels"] == m30k_tokenizer.pad_token_id] = -100
+        batch = tokenizer([s for s, _ in chosen], text_target=[t for _, t in chosen], return_tensors="pt",
+                          padding=True, truncation=True, max_length=64)
+        batch["labels"][batch["labels"] == tokenizer.pad_token_id] = -100
         model(**batch).loss.backward()
         optimizer.step()
         optimizer.zero_grad()
@@ -239,7 +243,7 @@ assert "prunetrain" not in sys.modules
 def test_int8_is_written_and_its_difference_reported(exported, tmp_path, test_sources):
     model, source, _, _ = exported["non-uniform"]
     result = export_ctranslate2(model, tmp_path / "int8", source, quantization="int8")
-    assert result["max_abs_diff"] <= 1e-4 and result["max_abs_diff_quantized"] > 0
+    assert result["max_abs_diff"] <= 1e-4 and 0 < result["max_abs_diff_quantized"] < 0.5
     assert len(translate_ctranslate2(tmp_path / "int8", test_sources[:20])) == 20
 
 

@@ -137,6 +137,25 @@ def test_trainer_fsdp_on_cpu_trains_with_ddp_and_shrinks_mid_training(shrink_run
     _assert_weights_close(_weights(out, 0), _weights(ddp, 0), atol=0)  # the very same training as without fsdp=
 
 
+@pytest.mark.slow
+@pytest.mark.distributed
+def test_ddp_mid_training_shrink_of_heads_and_ffn_neurons_equals_one_process(tmp_path, multi30k_dir):
+    """FLOP targets met by heads and FFN neurons, shrunk after epochs 1 and 2: under DDP every rank removes the same
+    units, the ones one process chose, and ends with the single process's weights."""
+    single, ddp = tmp_path / "single", tmp_path / "ddp"
+    script = DIST / "ddp_shrink.py"
+    _run([sys.executable, str(script), "--out", str(single), "--data", str(multi30k_dir), "--callback",
+          "prune-ffn-shrink"], tmp_path)
+    _run(_torchrun(script, "--out", str(ddp), "--data", str(multi30k_dir), "--callback", "prune-ffn-shrink"), tmp_path)
+    one, r0, r1 = _result(single), _result(ddp, 0), _result(ddp, 1)
+    assert r0["mask"] == r1["mask"] == one["mask"] and r0["layout"] == r1["layout"] == one["layout"]
+    assert r0["layout"]["units"] == ["heads", "neurons"]
+    neurons = sum(len(site["heads"]) for site in r0["layout"]["sites"] if site["kind"].endswith("ffn"))
+    assert 0 < neurons < 4 * 64  # the FFNs shrank (2 + 2 layers of 64 neurons)
+    _assert_weights_close(_weights(ddp, 0), _weights(ddp, 1), atol=0)
+    _assert_weights_close(_weights(ddp, 0), _weights(single), atol=1e-5)
+
+
 def test_ddp_hard_concrete_finalize_shrink(tmp_path, multi30k_dir):
     out = tmp_path / "gates"
     _run(_torchrun(DIST / "ddp_shrink.py", "--out", str(out), "--data", str(multi30k_dir), "--callback",

@@ -113,6 +113,36 @@ def test_fsdp2_run_killed_after_a_shrink_resumes_to_the_same_end(fsdp_runs, mult
 
 @pytest.mark.slow
 @pytest.mark.distributed
+def test_fsdp2_shrinks_of_heads_and_ffn_neurons_equal_one_process_and_resume_after_a_kill(tmp_path, multi30k_dir):
+    """FLOP targets met by heads and FFN neurons, shrunk twice in the sharded model: the same losses, units and
+    weights as one process; a run killed after both shrinks resumes to the same end, bit for bit."""
+    single, sharded, killed = tmp_path / "single", tmp_path / "fsdp", tmp_path / "killed"
+    ffn = ("--callback", "prune-ffn-shrink")
+    _run([sys.executable, str(WORKER), "--out", str(single), "--data", str(multi30k_dir), *ffn], tmp_path)
+    _run(_torchrun(WORKER, "--out", str(sharded), "--data", str(multi30k_dir), *ffn), tmp_path)
+    one, r0, r1 = _result(single), _result(sharded, 0), _result(sharded, 1)
+    for step, loss in one["losses"].items():
+        assert abs(r0["losses"][step] - loss) <= 1e-5, (step, r0["losses"][step], loss)
+    assert r0["mask"] == r1["mask"] == one["mask"] and r0["layout"] == r1["layout"] == one["layout"]
+    assert r0["layout"]["units"] == ["heads", "neurons"]
+    assert sum(len(site["heads"]) for site in r0["layout"]["sites"] if site["kind"].endswith("ffn")) < 4 * 64
+    _assert_weights_close(load_file(str(sharded / "rank0_weights.safetensors")),
+                          load_file(str(single / "rank0_weights.safetensors")), atol=1e-5)
+    crashed = subprocess.run(_torchrun(WORKER, "--out", str(killed), "--data", str(multi30k_dir), *ffn,
+                                       "--kill-at-step", "20"), cwd=tmp_path, env=_env(), capture_output=True,
+                             text=True, timeout=600)
+    assert crashed.returncode != 0 and "Signal 9 (SIGKILL)" in crashed.stderr, crashed.stderr[-3000:]
+    _run(_torchrun(WORKER, "--out", str(killed), "--data", str(multi30k_dir), *ffn, "--resume"), tmp_path)
+    resumed = _result(killed)
+    assert resumed["resumed_from"].endswith("checkpoint-16")
+    assert all(resumed["losses"][step] == r0["losses"][step] for step in resumed["losses"])
+    assert resumed["mask"] == r0["mask"] and resumed["layout"] == r0["layout"]
+    _assert_weights_close(load_file(str(killed / "rank0_weights.safetensors")),
+                          load_file(str(sharded / "rank0_weights.safetensors")), atol=0)
+
+
+@pytest.mark.slow
+@pytest.mark.distributed
 def test_fsdp2_hard_concrete_finalize_shrink(tmp_path, multi30k_dir):
     out = tmp_path / "gates"
     _run(_torchrun(WORKER, "--out", str(out), "--data", str(multi30k_dir), "--callback", "gates-shrink"), tmp_path)

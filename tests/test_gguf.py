@@ -153,6 +153,108 @@ def test_gguf_carries_a_byte_level_bpe_tokenizer_that_tokenizes_like_the_source(
         llm.close()
 
 
+# FFN neurons kept per layer (of 128) beside the key/value groups kept (of 4), and the widths written for llama.cpp
+FFN_LAYOUTS = {
+    # layer 1 keeps heads but no neuron: one zero neuron; layer 2 has neither: width 0; layer 3 keeps one neuron
+    "middle": dict(groups=(3, 2, 0, 1), neurons=(37, 0, 0, 1), written=[37, 1, 0, 1]),
+    # layer 2 keeps heads but no neuron; the last layer has neither heads nor neurons: one zero neuron, because
+    # llama.cpp's skip of a width-0 layer would also skip the last layer's selection of the output rows
+    "last": dict(groups=(2, 0, 4, 0), neurons=(1, 90, 0, 0), written=[1, 90, 1, 1]),
+}
+
+
+def prune_heads_and_neurons(model, groups, neurons, seed=0):
+    """Shrink `model` keeping the first `groups[l]` key/value groups and `neurons[l]` FFN neurons (drawn at
+    random) of layer l."""
+    mask = pt.HeadMask.ones(model, units=("heads", "neurons"))
+    gen = torch.Generator().manual_seed(seed)
+    attention = [s for s in mask.layout if s.unit == "heads"]
+    ffns = [s for s in mask.layout if s.unit == "neurons"]
+    for site, kept in zip(attention, groups):
+        keep = torch.zeros(site.num_heads)
+        keep[: kept * site.group_size] = 1.0
+        mask[site.name] = keep
+    for site, kept in zip(ffns, neurons):
+        keep = torch.zeros(site.num_heads)
+        keep[torch.randperm(site.num_heads, generator=gen)[:kept]] = 1.0
+        mask[site.name] = keep
+    layout = pt.shrink(model, mask)
+    assert [s.num_heads for s in layout if s.unit == "neurons"] == list(neurons)
+    return model
+
+
+def ffn_pruned_decoder(family, layout, mlp_bias=False):
+    """A tiny 4-layer decoder of `family` shrunk to `FFN_LAYOUTS[layout]` (with random FFN biases: `mlp_bias`)."""
+    model = decoder(family, **({"mlp_bias": True} if mlp_bias else {}))
+    if mlp_bias:
+        gen = torch.Generator().manual_seed(5)
+        with torch.no_grad():
+            for layer in model.model.layers:
+                for proj in (layer.mlp.gate_proj, layer.mlp.up_proj, layer.mlp.down_proj):
+                    proj.bias.copy_(torch.randn(proj.bias.shape, generator=gen) * 0.5)
+    spec = FFN_LAYOUTS[layout]
+    return prune_heads_and_neurons(model, spec["groups"], spec["neurons"])
+
+
+@pytest.mark.parametrize("family,layout,mlp_bias", [("llama", "middle", False), ("llama", "last", False),
+                                                     ("qwen2", "middle", False), ("llama", "middle", True)])
+def test_gguf_with_per_layer_ffn_widths_equals_the_shrunk_model(family, layout, mlp_bias, tmp_path):
+    import gguf
+
+    model = ffn_pruned_decoder(family, layout, mlp_bias)
+    written = list(FFN_LAYOUTS[layout]["written"])
+    if mlp_bias:  # an FFN that adds its down projection's bias keeps one zero neuron to add it
+        written = [max(width, 1) for width in written]
+    result = export(model, tmp_path / "gguf", "gguf")
+    assert result["files"] == ["model.gguf"] and result["gguf_type"] == "f32"
+    path = tmp_path / "gguf" / "model.gguf"
+    assert gguf.GGUFReader(str(path)).fields["deci.feed_forward_length"].contents() == written
+    gen = torch.Generator().manual_seed(11)
+    tokens = torch.randint(3, 96, (40,), generator=gen).tolist()
+    got, generated = llama_logits_and_greedy(path, tokens, tokens[:6], 24)
+    model.generation_config.eos_token_id = None  # llama.cpp's sampler does not stop at EOS either
+    with torch.no_grad():
+        want = model(input_ids=torch.tensor([tokens])).logits[0].numpy()
+        want_tokens = model.generate(torch.tensor([tokens[:6]]), max_new_tokens=24, do_sample=False, num_beams=1,
+                                     pad_token_id=1)[0, 6:].tolist()
+    assert np.abs(got - want).max() <= 1e-4
+    assert np.abs(got - want).max() <= 1e-5 * np.abs(want).max()  # f32: only the summation order differs
+    assert generated == want_tokens
+
+
+def test_gguf_records_the_per_layer_ffn_widths_and_their_padding(tmp_path):
+    import gguf
+
+    from prunetrain.export.gguf import write_gguf
+
+    info = write_gguf(ffn_pruned_decoder("llama", "middle"), tmp_path / "model.gguf")
+    assert (info["neurons_kept"], info["neurons_executed"]) == (38, 39)  # layer 1's zero neuron
+    assert (info["heads_kept"], info["heads_executed"]) == (12, 12)
+    reader = gguf.GGUFReader(str(tmp_path / "model.gguf"))
+    assert reader.fields["deci.feed_forward_length"].contents() == [37, 1, 0, 1]
+    assert reader.fields["deci.attention.head_count"].contents() == [6, 4, 0, 2]
+    tensors = {t.name: t for t in reader.tensors}
+    assert not [name for name in tensors if name.startswith("blk.2.")]  # neither attention nor FFN nor norms
+    assert "blk.1.ffn_norm.weight" in tensors and "blk.3.ffn_norm.weight" in tensors
+    shapes = {name: tuple(int(n) for n in t.shape) for name, t in tensors.items()}  # GGUF order: columns first
+    assert shapes["blk.0.ffn_gate.weight"] == (64, 37) and shapes["blk.0.ffn_down.weight"] == (37, 64)
+    assert shapes["blk.3.ffn_up.weight"] == (64, 1) and shapes["blk.3.ffn_down.weight"] == (1, 64)
+    for short in ("gate", "up", "down"):  # the zero neuron of layer 1
+        assert shapes[f"blk.1.ffn_{short}.weight"] == ((1, 64) if short == "down" else (64, 1))
+        assert not np.asarray(tensors[f"blk.1.ffn_{short}.weight"].data).any()
+    whole = write_gguf(decoder("llama"), tmp_path / "whole.gguf")
+    assert (whole["neurons_kept"], whole["neurons_executed"]) == (512, 512)
+    assert gguf.GGUFReader(str(tmp_path / "whole.gguf")).fields["deci.feed_forward_length"].contents() == [128] * 4
+
+
+@pytest.mark.parametrize("gguf_type", ["f16", "q8_0"])
+def test_gguf_with_per_layer_ffn_widths_stays_within_the_stated_tolerance(gguf_type, tmp_path):
+    from prunetrain.export.gguf import TOLERANCE
+
+    result = export(ffn_pruned_decoder("llama", "middle"), tmp_path / "gguf", "gguf", gguf_type=gguf_type)
+    assert 0 < result["max_abs_diff"] <= TOLERANCE[gguf_type]
+
+
 def _refused(model, match, tmp_path, **kwargs):
     with pytest.raises(ValueError, match=match):
         export(model, tmp_path / "gguf", "gguf", **kwargs)

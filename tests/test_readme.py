@@ -32,8 +32,8 @@ def block(containing: str) -> str:
 
 def test_every_python_block_is_exercised():
     blocks = python_blocks()
-    assert len(blocks) == 3, "a new README python block needs a namespace and checks in tests/test_readme.py"
-    assert all(any(key in b for key in ("Seq2SeqTrainer(", "pt.find_heads(")) for b in blocks)
+    assert len(blocks) == 4, "a new README python block needs a namespace and checks in tests/test_readme.py"
+    assert all(any(key in b for key in ("Seq2SeqTrainer(", "pt.find_heads(", "pt.find_sites(")) for b in blocks)
 
 
 def test_the_head_engine_example(tmp_path, monkeypatch):
@@ -58,6 +58,23 @@ def test_the_head_engine_example(tmp_path, monkeypatch):
     assert model.state_dict().keys() == loaded.state_dict().keys()
     with torch.no_grad():
         torch.testing.assert_close(model.eval()(**batch).logits, loaded(**batch).logits, rtol=0, atol=1e-6)
+
+
+def test_the_ffn_example():
+    from prunetrain.zoo import tiny_inputs, tiny_model
+
+    model = tiny_model("marian")
+    batch = tiny_inputs("marian")
+    opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+    model(**batch).loss.backward()
+    opt.step()
+    heads, neurons = pt.find_heads(model).total_heads, pt.find_neurons(model).total_neurons
+    namespace = {"model": model, "batch": batch, "opt": opt}
+    exec(compile(block("pt.find_sites("), "README.md", "exec"), namespace)
+    assert namespace["sites"].units == ("heads", "neurons")
+    assert pt.find_heads(model).total_heads == heads // 2 and pt.find_neurons(model).total_neurons == neurons // 2
+    assert all(opt.state[p]["exp_avg"].shape == p.shape for p in model.parameters() if p in opt.state)
+    assert namespace["callback"]._flop_target  # the FLOP target is read as one
 
 
 def _trainer_namespace(tmp_path, multi30k_dir, eval_name: str, eval_split: str, **schedule) -> dict:

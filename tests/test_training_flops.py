@@ -231,7 +231,7 @@ def test_per_kind_amounts_rank_each_kind_within_itself(tiny_mt):
         for site in pt.find_heads(model):
             if site.kind == kind:
                 assert torch.equal(alone[site.name], mask[site.name])
-    with pytest.raises(ValueError, match=r"^amount: 'encoder' is not an attention kind"):
+    with pytest.raises(ValueError, match=r"^amount: 'encoder' is not an attention or FFN kind"):
         pt.select_heads(scores, {"encoder": 2})
     with pytest.raises(ValueError, match=r"^amount: a per-kind amount .* leave scope='global' or 'kind'"):
         pt.select_heads(scores, {"cross": 2}, scope="layer")

@@ -130,7 +130,7 @@ def test_masked_equals_shrunk_for_neurons_alone_and_with_heads_on_every_backend(
             assert layout == pt.find_sites(model, units) and layout.units == units
             ffn = [s for s in layout if s.unit == "neurons"]
             assert ffn[0].num_heads == 0 and ffn[-1].num_heads == 1  # an emptied FFN, a one-neuron FFN
-            assert layout.total_neurons + layout.total_heads == mask.num_kept
+            assert layout.total_neurons == mask.num_kept_neurons and layout.total_heads == mask.num_kept
             assert (masked - _forward(model, inputs)).abs().max().item() <= TOL, (impl, seed)
 
 

@@ -20,10 +20,11 @@ def export_command(
     destination: Optional[Path] = typer.Argument(None, help="Directory to create (not with --check)."),
     format: str = typer.Option("remote-code", "--format", "-f",
                                help="remote-code (self-contained, trust_remote_code=True) | uniform (standard "
-                                    "config, same heads everywhere) | padded (original shapes, removed heads zero: "
-                                    "exact, no speed-up) | onnx (ONNX Runtime graphs) | gguf (llama.cpp, Llama "
+                                    "config, same heads everywhere, one FFN width per config key) | padded "
+                                    "(original shapes, removed heads and FFN neurons zero: exact, no speed-up) | "
+                                    "onnx (ONNX Runtime graphs) | gguf (llama.cpp, Llama "
                                     "family, per-layer heads) | ctranslate2 (CTranslate2: Marian, BART, "
-                                    "mBART, M2M-100/NLLB, Pegasus; padded per stack)."),
+                                    "mBART, M2M-100/NLLB, Pegasus; heads padded per stack, per-layer FFN widths)."),
     gguf_type: Optional[str] = typer.Option(None, "--gguf-type", help="With --format gguf: f32 (default, exact), "
                                                                       "f16 or q8_0 (checked within a stated "
                                                                       "tolerance, docs/export.md)."),

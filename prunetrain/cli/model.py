@@ -55,6 +55,11 @@ def prune(
     output: Path = typer.Option(..., help="Directory for the shrunk model."),
     amount: float = typer.Option(0.5, help="Fraction of all heads to prune (0..1), or a count >= 1 with --count."),
     count: bool = typer.Option(False, help="Read --amount as a number of heads."),
+    ffn_amount: float = typer.Option(0.0, help="Fraction of all FFN neurons to prune as well (0..1), ranked by "
+                                               "importance over every FFN (scored in the heads' backward pass)."),
+    flops: Optional[float] = typer.Option(None, help="Instead of --amount/--ffn-amount: the share of the model's "
+                                                     "per-token weight multiply-adds to remove (0..1), met by the "
+                                                     "cheapest mix of heads and FFN neurons."),
     data_dir: Path = typer.Option(..., help=DATA_HELP + " Importance is measured on it."),
     split: str = typer.Option("valid"),
     num_batches: int = typer.Option(8), batch_size: int = typer.Option(64),
@@ -65,36 +70,54 @@ def prune(
                                                "model itself); the old one stays whole until the new one is "
                                                "complete."),
 ):
-    """Prune the least important heads of a saved translation model and save it shrunk (with its tokenizer and
-    mask.json).
+    """Prune the least important heads (and FFN neurons, with --ffn-amount or --flops) of a saved translation model and
+    save it shrunk (with its tokenizer and mask.json).
 
     Parallel text only (translation models): for a classifier or any other model use the Python API
     (`prunetrain.head_importance`, `select_heads`, `shrink`, `save_pruned`), or `prunetrain shrink` with a mask."""
     from prunetrain.engine.shrink import shrink as do_shrink
+    from prunetrain.methods.flop_budget import select_by_flops
     from prunetrain.methods.importance import head_importance
     from prunetrain.methods.selection import select_heads
     from prunetrain.mt.translation import save_translation_model
-    from prunetrain.utils.validate import check_amount
+    from prunetrain.utils.validate import check_amount, check_fraction
 
     check_positive(num_batches=num_batches, batch_size=batch_size)
     check_int("--min-heads-per-layer", min_heads_per_layer, 0)
     check_choice("--scope", scope, ("global", "layer", "kind"))
     value = _amount(amount, count)
     check_amount("--amount", value)
+    check_fraction("--ffn-amount", ffn_amount)
+    if flops is not None:
+        check_fraction("--flops", flops)
+    units = ("heads", "neurons") if ffn_amount or flops is not None else ("heads",)
     translation_model_dir(model)
     check_data_dir(data_dir)
     with output_paths.output_lock(output):  # held for the whole command: a second writer of --output fails at once
         check_output_dir(output, overwrite, in_place="model", model=model, data_dir=data_dir, tokenizer=tokenizer)
         net = load_model(model)
         tok, _, batches = translation_batches(model, tokenizer, data_dir, split, num_batches, batch_size, net)
-        mask = select_heads(head_importance(net, batches), value, scope=scope,
-                            min_heads_per_layer=min_heads_per_layer)
+        if flops is not None:  # raw scores: a head and a neuron compared by loss per multiply-add
+            mask = select_by_flops(head_importance(net, batches, normalize=None, units=units), float(flops), net,
+                                   min_per_site=min_heads_per_layer)
+        else:
+            mask = select_heads(head_importance(net, batches, units=units),
+                                {"heads": value, "neurons": ffn_amount} if ffn_amount else value, scope=scope,
+                                min_heads_per_layer=min_heads_per_layer)
         layout = do_shrink(net, mask)
         with output_paths.staging_directory(output) as staging:  # everything read; output may be the model itself
             save_translation_model(net, tok, staging / "model")
             mask.to_json(staging / "model" / "mask.json")
             output_paths.replace_directory(staging / "model", output)  # the old one whole until the new one is
-    emit({"output": str(output), "heads_kept": layout.total_heads, "per_kind": layout.heads_per_kind()}, None)
+    emit(_kept_summary(output, layout), None)
+
+
+def _kept_summary(output: Path, layout) -> dict:
+    """What prune and shrink print: the heads kept per kind, and the FFN neurons kept when the layout has them."""
+    summary = {"output": str(output), "heads_kept": layout.total_heads, "per_kind": layout.heads_per_kind()}
+    if "neurons" in layout.units:
+        summary.update(neurons_kept=layout.total_neurons, ffn_per_kind=layout.neurons_per_kind())
+    return summary
 
 
 def _amount(amount: float, count: bool) -> int | float:
@@ -133,7 +156,7 @@ def shrink(
             save_pruned(net, staging / "model")
             _copy_tokenizer(model, staging / "model")
             output_paths.replace_directory(staging / "model", output)  # the old one whole until the new one is
-    emit({"output": str(output), "heads_kept": layout.total_heads, "per_kind": layout.heads_per_kind()}, None)
+    emit(_kept_summary(output, layout), None)
 
 
 def _mask_for_model(net, mask: Path, model: Path):
@@ -141,12 +164,13 @@ def _mask_for_model(net, mask: Path, model: Path):
     — or one per head it had originally (`original_num_heads`): what a pruning callback writes for the model it then
     shrinks, next to the directory that holds the shrunk model. Such a list is mapped exactly onto the original
     heads the site still holds; one that keeps a head the model no longer holds is refused."""
-    from prunetrain.engine.heads import find_heads
+    from prunetrain.engine.heads import layout_naming
     from prunetrain.engine.mask import HeadMask
     from prunetrain.utils.files import read_json
 
     data = read_json(mask, "--mask")
-    layout, sites = find_heads(net), data.get("sites")
+    sites = data.get("sites")
+    layout = layout_naming(net, list(sites) if isinstance(sites, dict) else [])
     if isinstance(sites, dict):
         sites = dict(sites)
         for name, values in sites.items():
@@ -165,7 +189,7 @@ def _mask_for_model(net, mask: Path, model: Path):
             sites[name] = [values[head] for head in site.heads]
         data = {**data, "sites": sites}
     try:
-        return HeadMask.from_dict(data, net)
+        return HeadMask.from_dict(data, layout)
     except ValueError as err:
         raise UserError(f"--mask: {str(mask)!r} does not fit {str(model)!r}: {err} A mask holds one keep value per "
                         f"head a site holds now, or per original head (as the pruning callbacks write them).") \

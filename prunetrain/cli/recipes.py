@@ -84,6 +84,7 @@ def recipe(
         scores = {"valid_bleu": valid["bleu"] if valid else None, "valid_chrf": valid["chrf"] if valid else None}
     summary = {"output": str(out), **scores, "heads_trained": results["heads_trained"],
                "heads_kept": results["heads_kept"], "heads_total": results["heads_total"],
+               **({"neurons_kept": results["neurons_kept"]} if "neurons_kept" in results else {}),
                "steps": results["steps"], "train_minutes": round(results["train_minutes"], 2),
                "train_step_minutes": round(results["train_step_minutes"], 2)}
     emit(summary, None)

@@ -147,13 +147,38 @@ class HeadMask:
         """Positions of heads with a non-zero keep value at `name`."""
         return torch.nonzero(self[name] != 0).flatten().tolist()
 
+    def _kept_of(self, unit: str | None) -> int:
+        return sum(int((self._values[s.name] != 0).sum()) for s in self.layout if unit is None or s.unit == unit)
+
     @property
     def num_kept(self) -> int:
-        return sum(int((v != 0).sum()) for v in self._values.values())
+        """Heads with a non-zero keep value (FFN neurons: `num_kept_neurons`; both: `num_kept_units`)."""
+        return self._kept_of("heads")
 
     @property
     def num_heads(self) -> int:
+        """Heads the mask describes."""
         return self.layout.total_heads
+
+    @property
+    def num_kept_neurons(self) -> int:
+        """FFN neurons with a non-zero keep value."""
+        return self._kept_of("neurons")
+
+    @property
+    def num_neurons(self) -> int:
+        """FFN neurons the mask describes."""
+        return self.layout.total_neurons
+
+    @property
+    def num_kept_units(self) -> int:
+        """Units (heads and neurons) with a non-zero keep value."""
+        return self._kept_of(None)
+
+    @property
+    def num_units(self) -> int:
+        """Units (heads and neurons) the mask describes."""
+        return self.num_heads + self.num_neurons
 
     def kept_per_kind(self) -> dict[str, int]:
         out = {k: 0 for k in self.layout.kinds}
@@ -167,6 +192,11 @@ class HeadMask:
     def copy(self) -> "HeadMask":
         return HeadMask(self.layout, {k: v.detach() for k, v in self._values.items()})
 
+    def restricted(self, units) -> "HeadMask":
+        """A detached copy holding the keep values of the sites of `units` only ("heads", "neurons" or both)."""
+        layout = self.layout.restricted(units)
+        return HeadMask(layout, {s.name: self._values[s.name].detach() for s in layout})
+
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, HeadMask):
             return NotImplemented
@@ -175,7 +205,8 @@ class HeadMask:
         )
 
     def __repr__(self) -> str:
-        return f"HeadMask({self.num_kept}/{self.num_heads} heads kept, attached={self.attached})"
+        neurons = f", {self.num_kept_neurons}/{self.num_neurons} neurons" if "neurons" in self.layout.units else ""
+        return f"HeadMask({self.num_kept}/{self.num_heads} heads{neurons} kept, attached={self.attached})"
 
     # hooks ------------------------------------------------------------------------------------------------------
     @property

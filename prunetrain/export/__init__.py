@@ -2,11 +2,13 @@
 
 - `remote-code`: the directory `save_pruned` writes: a small modeling file registered through `auto_map`
   (`prunetrain.engine.remote_code` and `prunetrain/engine/modeling_prunetrain.py`);
-- `uniform`: a standard config with fewer heads, when every site keeps the same number (`uniform`);
-- `padded`: the original shapes with removed heads as zero weights: exact, no speed-up (`padded`);
+- `uniform`: a standard config with fewer heads (and narrower FFNs), when every site keeps the same number (and
+  every FFN sized by one config key the same width) (`uniform`);
+- `padded`: the original shapes with removed heads and FFN neurons as zero weights: exact, no speed-up (`padded`);
 - `onnx`: ONNX graphs checked with ONNX Runtime, KV-cache graphs for generation (`onnx`);
 - `gguf`: llama.cpp's GGUF with per-layer head counts for the Llama family, checked in llama.cpp (`gguf`);
-- `ctranslate2`: CTranslate2 for encoder-decoder translation models (Marian, BART, mBART, M2M-100/NLLB, Pegasus), padded per stack, checked in CTranslate2 (`ctranslate2`).
+- `ctranslate2`: CTranslate2 for encoder-decoder translation models (Marian, BART, mBART, M2M-100/NLLB, Pegasus),
+  heads padded per stack, each FFN at its own width, checked in CTranslate2 (`ctranslate2`).
 
 `formats.export(source, destination, format)` writes any of them (checked against the model first, staged and
 renamed into place); `formats.check_formats(source)` says which formats can hold a model and why not the others.

@@ -10,6 +10,11 @@ it adds exactly 0 to the layer's output; a layer with no heads left outputs exac
 in PyTorch. The padding is reported (`heads_executed` against `heads_kept`); a layout with the same count in every
 encoder layer and the same in every decoder attention runs with none.
 
+FFN neurons need no padding: CTranslate2 builds each layer's FFN from its own weight shapes, so every layer keeps
+its pruned width, except that the engine refuses a width of 0: an FFN with no neuron left is written with one zero
+neuron (a zero row with zero bias in `linear_0`, a zero column in `linear_1`), which adds exactly 0. That is
+reported too (`neurons_executed` against `neurons_kept`, and the widths run per stack, `ffn_widths`).
+
 The weights are mapped by CTranslate2's own transformers loader for BART-style models (its public converter API),
 with each family's switches (`prunetrain.export.ctranslate2_families.FAMILIES`: pre-/post-norm, embedding layer
 norm, where the position table starts) and what a model trained by prunetrain needs beyond the published checkpoints:
@@ -35,7 +40,7 @@ import torch
 from torch import nn
 
 from prunetrain.engine.heads import find_heads
-from prunetrain.export.ctranslate2_families import FAMILIES, decoder_start_id, forced_bos_id, padded_loader
+from prunetrain.export.ctranslate2_families import FAMILIES, decoder_start_id, ffn_width, forced_bos_id, padded_loader
 from prunetrain.methods.constraints import STACK_OF_KIND
 
 QUANTIZATIONS = ("float32", "int8", "int8_float32", "int16", "float16", "bfloat16", "int8_float16", "int8_bfloat16")
@@ -112,18 +117,37 @@ def stack_head_dims(model: nn.Module) -> dict[str, int]:
     return dims
 
 
+STACKS = ("encoder", "decoder")
+
+
+def _layers(model: nn.Module, stack: str) -> list[nn.Module]:
+    """The layers of `model`'s "encoder" or "decoder" (`model.model.encoder.layers`, ...)."""
+    return list(getattr(model.model, stack).layers)
+
+
+def stack_ffn_widths(model: nn.Module) -> dict[str, list[int]]:
+    """The FFN width CTranslate2 runs in each layer, per stack: the layer's own, at least one (`ffn_width`)."""
+    return {stack: [ffn_width(layer) for layer in _layers(model, stack)] for stack in STACKS}
+
+
 def padding_report(model: nn.Module) -> dict:
-    """Heads kept by the model and heads CTranslate2 executes once every attention of a stack is padded."""
+    """Heads kept by the model and heads CTranslate2 executes once every attention of a stack is padded; FFN neurons
+    kept and executed (one zero neuron in each FFN with none left), and the FFN widths run per stack."""
     counts = stack_heads(model)
     sites = list(find_heads(model))
+    widths = stack_ffn_widths(model)
     return {"heads_kept": sum(s.num_heads for s in sites),
             "heads_executed": sum(counts[STACK_OF_KIND[s.kind]] for s in sites),
-            "num_heads": counts}
+            "num_heads": counts,
+            "neurons_kept": sum(int(layer.fc1.weight.shape[0]) for stack in STACKS for layer in _layers(model, stack)),
+            "neurons_executed": sum(sum(w) for w in widths.values()),
+            "ffn_widths": widths}
 
 
 def export_ctranslate2(model: nn.Module, out: Path, tokenizer_dir: str | Path,
                        quantization: str = "float32") -> dict[str, float | None]:
-    """Write `model` to `out` as a CTranslate2 model directory (padded per stack) and check it in CTranslate2.
+    """Write `model` to `out` as a CTranslate2 model directory (heads padded per stack, each layer's FFN at its own
+    width, at least one neuron) and check it in CTranslate2.
 
     The float32 conversion is always written and checked first (the weight mapping must be exact: log-probabilities
     within `TOLERANCE`, else nothing is written); a quantized type is then written over it and its difference is
@@ -149,14 +173,17 @@ def export_ctranslate2(model: nn.Module, out: Path, tokenizer_dir: str | Path,
     if reason:
         raise ValueError(f"format: {reason}")
     tokenizer = _load_tokenizer(tokenizer_dir)
-    if any(p.dtype != torch.float32 for p in model.parameters()):  # converted in a copy: the caller's model stays
+    if any(p.dtype != torch.float32 for p in model.parameters()):  # in float32 (each conversion runs on a copy)
         model = copy.deepcopy(model).float()
     model.eval()
     loader = padded_loader(stack_heads(model), stack_head_dims(model), model)
 
     class _Converter(Converter):
         def _load(self):
-            return loader(model, tokenizer)
+            # from a copy: CTranslate2 quantizes (int8, int16) the tensors it is given in place (its
+            # specs/model_spec.py: `value *= scale`), and the embeddings and output projection it is given are the
+            # model's own: without it an int8 export would change the caller's model (and measure against that)
+            return loader(copy.deepcopy(model), tokenizer)
 
     _Converter().convert(str(out), quantization="float32")
     _write_extras(out, model, tokenizer, quantization)
@@ -188,7 +215,7 @@ INFO_FILE = "prunetrain_ctranslate2.json"
 def _write_extras(out: Path, model: nn.Module, tokenizer, quantization: str) -> None:
     """The tokenizer (CTranslate2 takes tokens; it turns text into them) and what the engine cannot say itself: the
     position limit, the weight type, the forced first target token (`target_prefix`, a token or null) and the
-    padding (`INFO_FILE`)."""
+    padding of heads and FFN neurons (`padding_report`, in `INFO_FILE`)."""
     import json
 
     tokenizer.save_pretrained(out)
@@ -277,5 +304,5 @@ def translate_ctranslate2(directory: str | Path, sources: list[str], num_beams: 
     return [text.strip() for text in texts]  # as `translate` detokenizes
 
 
-__all__ = ["QUANTIZATIONS", "ctranslate2_reason", "export_ctranslate2", "padding_report", "stack_head_dims",
-           "stack_heads", "translate_ctranslate2"]
+__all__ = ["QUANTIZATIONS", "ctranslate2_reason", "export_ctranslate2", "padding_report", "stack_ffn_widths",
+           "stack_head_dims", "stack_heads", "translate_ctranslate2"]

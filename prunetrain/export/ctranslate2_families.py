@@ -15,8 +15,11 @@ CTranslate2's own transformers converter has one loader per family (`MarianMTLoa
 
 The embedding scale is read from the model itself. `PaddedLoader` (a subclass of CTranslate2's `BartLoader`) adds
 what a pruned model needs: every attention of a stack padded with zero heads to the stack's count
-(`_Padded`), the whole vocabulary in tokenizer order, the decoder started from the real embedding of the model's
-decoder start token, and an output bias of -inf on the pad token, which prunetrain's `translate` never generates.
+(`_Padded`), each layer's FFN written from its own `fc1`/`fc2` weights (CTranslate2's `FeedForwardSpec` has no size
+field: the engine builds every layer's FFN from its own `linear_0`/`linear_1` shapes, so layers keep their pruned
+widths) with one zero neuron in an FFN that has none left (the engine refuses a width of 0 at load), the whole
+vocabulary in tokenizer order, the decoder started from the real embedding of the model's decoder start token, and
+an output bias of -inf on the pad token, which prunetrain's `translate` never generates.
 """
 
 from __future__ import annotations
@@ -78,7 +81,8 @@ def vocabulary(model: nn.Module, tokenizer) -> list[str]:
 
 
 class _Padded(nn.Module):
-    """A linear layer's weights with zero rows (q/k/v: `rows`) or zero columns (output projection) appended."""
+    """A linear layer's weights padded to `width` output features (zero rows with zero bias: q/k/v, FFN `fc1`) or,
+    with `columns`, to `width` input features (zero columns: the attention's output projection, FFN `fc2`)."""
 
     def __init__(self, linear: nn.Linear, width: int, columns: bool):
         super().__init__()
@@ -104,6 +108,22 @@ def _output_bias(model: nn.Module, projection, pad_token_id: int) -> torch.Tenso
         bias = bias + projection.bias.detach().float()
     bias[pad_token_id] = -math.inf
     return bias
+
+
+def ffn_width(layer: nn.Module) -> int:
+    """The FFN width CTranslate2 runs for an encoder or decoder layer: its own (`fc1`'s output features), at least
+    one (a zero neuron: a zero row with zero bias in `linear_0` and a zero column in `linear_1` adds exactly 0)."""
+    return max(1, int(layer.fc1.weight.shape[0]))
+
+
+def _set_special_tokens(config, model: nn.Module, tokenizer) -> None:
+    """The engine's special tokens: the tokenizer's BOS (else CTranslate2's default, which it never reads here), EOS
+    and UNK, and the token the decoder starts from."""
+    if tokenizer.bos_token is not None:
+        config.bos_token = tokenizer.bos_token
+    config.eos_token = tokenizer.eos_token
+    config.unk_token = tokenizer.unk_token
+    config.decoder_start_token = tokenizer.convert_ids_to_tokens(decoder_start_id(model))
 
 
 def padded_loader(heads: dict[str, int], head_dims: dict[str, int], model: nn.Module):
@@ -154,9 +174,21 @@ def padded_loader(heads: dict[str, int], head_dims: dict[str, int], model: nn.Mo
             else:
                 super().set_position_encodings(spec, module)
 
+        def set_encoder(self, spec, encoder):
+            super().set_encoder(spec, encoder)
+            self.set_ffns(spec, encoder)
+
         def set_decoder(self, spec, decoder):
             super().set_decoder(spec, decoder)
+            self.set_ffns(spec, decoder)
             spec.start_from_zero_embedding = False  # the decoder start token's trained embedding starts decoding
+
+        def set_ffns(self, spec, stack):
+            """Each layer's FFN from its own weights, `ffn_width(layer)` neurons (see the module docstring)."""
+            for layer_spec, layer in zip(spec.layer, stack.layers):
+                width = ffn_width(layer)
+                self.set_linear(layer_spec.ffn.linear_0, _Padded(layer.fc1, width, columns=False))
+                self.set_linear(layer_spec.ffn.linear_1, _Padded(layer.fc2, width, columns=True))
 
         def set_attention(self, spec, attention, self_attention=False):
             width = self.heads[self._stack] * self.head_dims[self._stack]
@@ -167,11 +199,7 @@ def padded_loader(heads: dict[str, int], head_dims: dict[str, int], model: nn.Mo
             super().set_attention(spec, padded, self_attention=self_attention)
 
         def set_config(self, config, model, tokenizer):
-            if tokenizer.bos_token is not None:  # else CTranslate2's default, which it never reads here
-                config.bos_token = tokenizer.bos_token
-            config.eos_token = tokenizer.eos_token
-            config.unk_token = tokenizer.unk_token
-            config.decoder_start_token = tokenizer.convert_ids_to_tokens(decoder_start_id(model))
+            _set_special_tokens(config, model, tokenizer)
 
         def get_vocabulary(self, model, tokenizer):
             return vocabulary(model, tokenizer)
@@ -179,4 +207,4 @@ def padded_loader(heads: dict[str, int], head_dims: dict[str, int], model: nn.Mo
     return PaddedLoader()
 
 
-__all__ = ["FAMILIES", "Family", "decoder_start_id", "forced_bos_id", "padded_loader", "vocabulary"]
+__all__ = ["FAMILIES", "Family", "decoder_start_id", "ffn_width", "forced_bos_id", "padded_loader", "vocabulary"]

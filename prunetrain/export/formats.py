@@ -15,7 +15,8 @@ from pathlib import Path
 
 from torch import nn
 
-from prunetrain.engine.heads import find_heads, unwrap_model
+from prunetrain.engine.heads import (find_heads, find_neurons, find_sites, recorded_units, supported_units,
+                                     unwrap_model)
 from prunetrain.engine.peft_support import has_tuner_layers
 from prunetrain.utils.extras import packages_missing
 from prunetrain.utils.output_paths import check_output_dir, output_lock, replace_directory, staging_directory
@@ -40,7 +41,8 @@ def load_source(source: str | os.PathLike | nn.Module) -> nn.Module:
 
 
 def _is_shrunk(model: nn.Module) -> bool:
-    return any(s.num_heads != s.original_num_heads for s in find_heads(model))
+    """Whether some site (heads, or FFN neurons where the family's FFN is prunable) lost units."""
+    return any(s.num_heads != s.original_num_heads for s in find_sites(model, supported_units(model)))
 
 
 def check_formats(source: str | os.PathLike | nn.Module) -> dict[str, str | None]:
@@ -85,11 +87,12 @@ def export(source: str | os.PathLike | nn.Module, destination: str | os.PathLike
         source: a model, or a directory written by `save_pruned` (or `save_pretrained`).
         destination: the directory to create.
         format: one of `FORMATS`: "remote-code" (self-contained directory, `trust_remote_code=True`), "uniform"
-            (standard config, every site the same heads), "padded" (original shapes, removed heads zero: exact, no
-            speed-up), "onnx" (ONNX graphs checked with ONNX Runtime), "gguf" (llama.cpp, Llama family, checked
-            in llama.cpp; `max_abs_diff` is then relative to the largest logit), "ctranslate2" (CTranslate2:
-            Marian, BART, mBART, M2M-100/NLLB and Pegasus translation models, padded per stack; `max_abs_diff` is on log-probabilities in the engine; the source
-            must be a directory that carries the tokenizer).
+            (standard config, every site the same heads, one FFN width per config key), "padded" (original shapes,
+            removed heads and FFN neurons zero: exact, no speed-up), "onnx" (ONNX graphs checked with ONNX
+            Runtime), "gguf" (llama.cpp, Llama family, checked in llama.cpp; `max_abs_diff` is then relative to the
+            largest logit), "ctranslate2" (CTranslate2: Marian, BART, mBART, M2M-100/NLLB and Pegasus translation
+            models, heads padded per stack, each FFN at its own width; `max_abs_diff` is on log-probabilities in the
+            engine; the source must be a directory that carries the tokenizer).
         overwrite: replace an existing non-empty `destination` (only what the CLI's `--overwrite` replaces: an empty
             directory or one prunetrain wrote, never the current, home or root directory).
         gguf_type: "f32" (default), "f16" or "q8_0", for format "gguf" only.
@@ -97,8 +100,11 @@ def export(source: str | os.PathLike | nn.Module, destination: str | os.PathLike
             "ctranslate2" only.
 
     Returns:
-        {"format", "destination", "files", "max_abs_diff", "heads"} (+ "gguf_type" for gguf; + "quantization",
-        "max_abs_diff_quantized", "heads_kept", "heads_executed" for ctranslate2).
+        {"format", "destination", "files", "max_abs_diff", "heads"}, + "neurons" (FFN neurons per kind) once an FFN
+        was shrunk; for padded + "heads_kept", "heads_executed" (+ "neurons_kept", "neurons_executed" where FFN
+        neurons are prunable): the units kept and the units the export runs, removed ones as zeros; for gguf +
+        "gguf_type"; for ctranslate2 + "quantization", "max_abs_diff_quantized", "heads_kept", "heads_executed",
+        "neurons_kept", "neurons_executed" (one zero neuron runs in each FFN with none left).
     """
     check_choice("format", format, FORMATS)
     if gguf_type is not None and format != "gguf":
@@ -139,9 +145,10 @@ def _export_locked(source, destination: Path, format: str, gguf_type: str | None
             tokenizer_dir = source if isinstance(source, (str, os.PathLike)) else None
             extra: dict = {"gguf_type": gguf_type} if format == "gguf" else {}
             if format == "gguf":
-                from prunetrain.export.gguf import export_gguf
+                from prunetrain.export.gguf import export_gguf, gguf_plan, padding_report
 
                 diff = export_gguf(model, out, gguf_type, tokenizer_dir)
+                extra.update(padding_report(gguf_plan(model)))
             elif format == "ctranslate2":
                 from prunetrain.export.ctranslate2 import export_ctranslate2, padding_report
 
@@ -149,9 +156,14 @@ def _export_locked(source, destination: Path, format: str, gguf_type: str | None
                 diff = diffs["max_abs_diff"]
                 report = padding_report(model)
                 extra = {"quantization": quantization, "max_abs_diff_quantized": diffs["max_abs_diff_quantized"],
-                         "heads_kept": report["heads_kept"], "heads_executed": report["heads_executed"]}
+                         **{key: report[key] for key in ("heads_kept", "heads_executed", "neurons_kept",
+                                                         "neurons_executed")}}
             else:
                 diff = _write(model, out, format)
+                if format == "padded":
+                    from prunetrain.export.padded import padding_report
+
+                    extra = padding_report(model)
             if isinstance(source, (str, os.PathLike)):
                 _copy_extras(Path(source), out)
             replace_directory(out, destination)
@@ -161,6 +173,8 @@ def _export_locked(source, destination: Path, format: str, gguf_type: str | None
     summary = {"format": format, "destination": str(destination),
                "files": sorted(p.name for p in destination.iterdir()), "max_abs_diff": diff,
                "heads": find_heads(model).summary()}
+    if "neurons" in recorded_units(model):
+        summary["neurons"] = find_neurons(model).summary()
     return {**summary, **extra}
 
 

@@ -1,12 +1,20 @@
-"""GGUF export for llama.cpp: a model of the Llama family with a different number of heads in every layer.
+"""GGUF export for llama.cpp: a model of the Llama family with a different number of heads and a different FFN
+width in every layer.
 
-llama.cpp's `deci` architecture (written for Nemotron-51B) reads the query and key/value head counts per layer
-(`deci.attention.head_count` and `head_count_kv` as arrays: `n_head(il)`, `n_head_kv(il)`) and runs a layer with no
-heads as an identity on the attention path (`cur = inpL`), so it computes, per layer l,
+llama.cpp's `deci` architecture (written for Nemotron-51B) reads the query and key/value head counts and the FFN
+width per layer (`deci.attention.head_count`, `head_count_kv` and `deci.feed_forward_length` as arrays:
+`n_head(il)`, `n_head_kv(il)`, `n_ff(il)`) and runs a layer with no heads as an identity on the attention path
+(`cur = inpL`), so it computes, per layer l,
 
-    h = x + Σ_{h ∈ heads(l)} softmax(RoPE(q_h) RoPE(k_g(h))ᵀ / √d) v_g(h) W_o^h,   y = h + FFN_SwiGLU(RMSNorm(h))
+    h = x + Σ_{h ∈ heads(l)} softmax(RoPE(q_h) RoPE(k_g(h))ᵀ / √d) v_g(h) W_o^h,
+    y = h + Σ_{j ∈ neurons(l)} (SiLU(RMSNorm(h)·g_j) · RMSNorm(h)·u_j) d_j  (+ the down projection's bias)
 
-which is what a shrunk `LlamaForCausalLM` / `MistralForCausalLM` / `Qwen2ForCausalLM` computes. Tensors are
+which is what a shrunk `LlamaForCausalLM` / `MistralForCausalLM` / `Qwen2ForCausalLM` computes. A layer whose FFN
+width is 0 is skipped whole by llama.cpp (`if (n_ff == 0) continue;` comes before the residual add of the attention
+output; in the last layer it also discards the selection of the output rows, and llama.cpp aborts), so an FFN is
+written with width 0 (no `ffn_norm`, no FFN tensors) only where that skip is what the model computes: a layer other
+than the last with no heads, no neurons and no down-projection bias. Every other emptied FFN is written with one zero
+neuron (zero gate and up rows, zero down column: it adds exactly 0; `padding_report` counts them). Tensors are
 written as llama.cpp's converter writes them: rows of W_q and W_k (and their biases) permuted per head from
 Hugging Face's rotate-half layout (pairs i, i + d/2) to the interleaved pairs (2i, 2i + 1) of llama.cpp's rotary
 embedding (`LLAMA_ROPE_TYPE_NORM`); q·k is unchanged because both are permuted alike.
@@ -49,6 +57,8 @@ class GgufPlan:
 
     heads: tuple[int, ...]       # query heads per layer
     kv_heads: tuple[int, ...]    # key/value heads per layer
+    ffn_kept: tuple[int, ...]    # FFN neurons the model holds per layer
+    ffn: tuple[int, ...]         # FFN width written per layer: ffn_kept, or 1 zero neuron where llama.cpp needs one
     head_dim: int
     context_length: int
     rope_theta: float
@@ -84,8 +94,8 @@ def _check_family(model: nn.Module) -> None:
 
 
 def gguf_plan(model: nn.Module) -> GgufPlan:
-    """The per-layer head counts and hyper-parameters of `model` for llama.cpp; `ValueError` says why it cannot
-    be written exactly.
+    """The per-layer head counts, FFN widths (kept and written, `ffn_width`) and hyper-parameters of `model` for
+    llama.cpp; `ValueError` says why it cannot be written exactly.
 
     Args:
         model: a (shrunk) Llama, Mistral or Qwen2 causal LM.
@@ -99,15 +109,17 @@ def gguf_plan(model: nn.Module) -> GgufPlan:
     head_dim = sites[0].head_dim
     if head_dim % 2:
         raise _refuse(f"needs an even head size for the rotary embedding; this model's is {head_dim}.")
-    heads, kv_heads = [], []
+    heads, kv_heads, ffn_kept, ffn = [], [], [], []
     for index, layer in enumerate(layers):
         attn = layer.self_attn
         h, kv = attn.q_proj.weight.shape[0] // head_dim, attn.k_proj.weight.shape[0] // head_dim
-        if h == 0 and attn.o_proj.bias is not None and bool(attn.o_proj.bias.detach().ne(0).any()):
+        if h == 0 and _adds_bias(attn.o_proj):
             raise _refuse(f"cannot write layer {index}: it has no heads but its output projection adds a bias, and "
                           f"llama.cpp skips the attention path of a head-less layer entirely.")
         heads.append(h)
         kv_heads.append(kv)
+        ffn_kept.append(layer.mlp.down_proj.weight.shape[1])
+        ffn.append(ffn_width(ffn_kept[-1], h, _adds_bias(layer.mlp.down_proj), last=index == len(layers) - 1))
     if heads[0] == 0:
         raise _refuse("cannot write a model whose first layer has no heads: llama.cpp derives the head size from "
                       "layer 0's head count (keep at least one key/value group there).")
@@ -122,9 +134,34 @@ def gguf_plan(model: nn.Module) -> GgufPlan:
     lm_head = model.get_output_embeddings()
     tied = lm_head is not None and lm_head.weight.data_ptr() == base.embed_tokens.weight.data_ptr()
     rope = getattr(config, "rope_parameters", None) or {}
-    return GgufPlan(tuple(heads), tuple(kv_heads), head_dim, context,
+    return GgufPlan(tuple(heads), tuple(kv_heads), tuple(ffn_kept), tuple(ffn), head_dim, context,
                     float(rope.get("rope_theta", getattr(config, "rope_theta", 10000.0))),
                     float(config.rms_norm_eps), tied)
+
+
+def _adds_bias(linear: nn.Linear) -> bool:
+    """Whether `linear` has a bias with a non-zero entry."""
+    return linear.bias is not None and bool(linear.bias.detach().ne(0).any())
+
+
+def ffn_width(kept: int, heads: int, down_bias: bool, last: bool) -> int:
+    """The FFN width written for a layer that keeps `kept` neurons and `heads` query heads.
+
+    `kept` when it is not 0. An emptied FFN is written with width 0 only where llama.cpp's skip of a width-0 layer
+    computes what the model does: no heads (else the attention output, added after the skip, would be lost), no
+    bias on the down projection (else the FFN adds it), and not the last layer (the skip there discards the
+    selection of the output rows, and llama.cpp aborts); otherwise with one zero neuron, which adds exactly 0.
+    """
+    if kept > 0 or heads > 0 or down_bias or last:
+        return max(kept, 1)
+    return 0
+
+
+def padding_report(plan: GgufPlan) -> dict:
+    """Heads and FFN neurons the model keeps and those llama.cpp executes for the export of `plan` (heads are never
+    padded; an emptied FFN may run one zero neuron, see `ffn_width`)."""
+    return {"heads_kept": sum(plan.heads), "heads_executed": sum(plan.heads),
+            "neurons_kept": sum(plan.ffn_kept), "neurons_executed": sum(plan.ffn)}
 
 
 def rope_interleave(weight: torch.Tensor, heads: int) -> torch.Tensor:
@@ -154,18 +191,35 @@ def gguf_tensors(model: nn.Module, plan: GgufPlan) -> dict[str, torch.Tensor]:
             out[f"blk.{i}.attn_output.weight"] = attn.o_proj.weight
             if attn.o_proj.bias is not None:
                 out[f"blk.{i}.attn_output.bias"] = attn.o_proj.bias
-        out[f"blk.{i}.ffn_norm.weight"] = layer.post_attention_layernorm.weight
-        for short, proj in (("gate", mlp.gate_proj), ("up", mlp.up_proj), ("down", mlp.down_proj)):
-            out[f"blk.{i}.ffn_{short}.weight"] = proj.weight
-            if proj.bias is not None:
-                out[f"blk.{i}.ffn_{short}.bias"] = proj.bias
+        if plan.ffn[i] > 0:
+            out[f"blk.{i}.ffn_norm.weight"] = layer.post_attention_layernorm.weight
+            out.update(ffn_tensors(i, mlp, plan.ffn[i]))
+    return out
+
+
+def ffn_tensors(index: int, mlp: nn.Module, width: int) -> dict[str, torch.Tensor]:
+    """The gate, up and down tensors (and biases) of layer `index`'s FFN written with `width` neurons: its own, or,
+    for an emptied FFN written with one neuron, a zero neuron (zero gate and up rows and biases, zero down column;
+    the down projection's bias is kept)."""
+    zero_neuron = mlp.down_proj.weight.shape[1] != width
+    out = {}
+    for short, proj in (("gate", mlp.gate_proj), ("up", mlp.up_proj), ("down", mlp.down_proj)):
+        weight, bias = proj.weight, proj.bias
+        if zero_neuron:
+            weight = weight.new_zeros((weight.shape[0], width) if short == "down" else (width, weight.shape[1]))
+            if bias is not None and short != "down":
+                bias = bias.new_zeros(width)
+        out[f"blk.{index}.ffn_{short}.weight"] = weight
+        if bias is not None:
+            out[f"blk.{index}.ffn_{short}.bias"] = bias
     return out
 
 
 @torch.no_grad()
 def write_gguf(model: nn.Module, path: str | Path, gguf_type: str = "f32", tokenizer_dir: str | Path | None = None
                ) -> dict:
-    """Write `model` as a GGUF file of llama.cpp's `deci` architecture; returns {"plan", "tokenizer"}.
+    """Write `model` as a GGUF file of llama.cpp's `deci` architecture; returns {"plan", "tokenizer", "vocab_size"}
+    and the `padding_report` ("heads_kept", "heads_executed", "neurons_kept", "neurons_executed").
 
     Args:
         model: a (shrunk) Llama, Mistral or Qwen2 causal LM.
@@ -188,7 +242,7 @@ def write_gguf(model: nn.Module, path: str | Path, gguf_type: str = "f32", token
     writer.add_context_length(plan.context_length)
     writer.add_embedding_length(int(config.hidden_size))
     writer.add_block_count(len(plan.heads))
-    writer.add_feed_forward_length(int(config.intermediate_size))
+    writer.add_feed_forward_length(list(plan.ffn))
     writer.add_head_count(list(plan.heads))
     writer.add_head_count_kv(list(plan.kv_heads))
     writer.add_key_length(plan.head_dim)
@@ -211,7 +265,7 @@ def write_gguf(model: nn.Module, path: str | Path, gguf_type: str = "f32", token
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
     writer.close()
-    return {"plan": plan, "tokenizer": tokenizer, "vocab_size": vocab_size}
+    return {"plan": plan, "tokenizer": tokenizer, "vocab_size": vocab_size, **padding_report(plan)}
 
 
 def probe_tokens(model: nn.Module, length: int = 24, seed: int = 0) -> list[int]:

@@ -162,7 +162,8 @@ def drift(reference: dict, other: dict) -> dict | None:
 
 def summarize(name: str, results: dict) -> dict:
     final = results["test_pruned"]
-    return {"run": name, "heads": results["heads_kept"], "parameters": results.get("parameters_final"),
+    return {"run": name, "heads": results["heads_kept"], "neurons": results.get("neurons_kept"),
+            "parameters": results.get("parameters_final"),
             "steps": results.get("steps"), "train_step_minutes": results.get("train_step_minutes"),
             "train_minutes": results.get("train_minutes"), "total_minutes": results.get("total_minutes"),
             "resumed_from_step": results.get("resumed_from_step"), "bleu": final["bleu"], "chrf": final.get("chrf"),
@@ -205,13 +206,14 @@ def comparison_markdown(comparison: dict) -> str:
 
     ref = cell(comparison["reference"])
     lines = ["# Runs side by side", ""] + (arms_markdown(comparison) + ["", "## Every run"]
-                                            if comparison.get("arms") else []) + ["", "| run | heads | parameters | steps | training min (steps only) | wall min "
-             "(training) | whole run min | test BLEU | decode sent/s |", "|---|---|---|---|---|---|---|---|---|"]
+                                            if comparison.get("arms") else []) + ["", "| run | heads | FFN neurons | parameters | steps | training min (steps only) | wall min "
+             "(training) | whole run min | test BLEU | decode sent/s |", "|---|---|---|---|---|---|---|---|---|---|"]
     for r in comparison["runs"]:
         params = f"{r['parameters'] / 1e6:.2f} M" if r.get("parameters") else ""
         # a resumed run's wall minutes are those of the resumed part (its optimizer-step minutes span the whole run)
         part = "" if r.get("resumed_from_step") is None else f" (resumed part, from step {r['resumed_from_step']})"
-        lines.append(f"| {cell(r['run'])} | {r['heads']} | {params} | {r['steps']} | {_num(r['train_step_minutes'])} | "
+        neurons = "all" if r.get("neurons") is None else r["neurons"]  # a run that pruned no FFN keeps them all
+        lines.append(f"| {cell(r['run'])} | {r['heads']} | {neurons} | {params} | {r['steps']} | {_num(r['train_step_minutes'])} | "
                      f"{_num(r['train_minutes'])}{part} | {_num(r['total_minutes'])}{part} | {r['bleu']:.2f} | "
                      f"{_num(r['decode_sentences_per_second'])} |")
     lines += ["", "## Steps per second between shrinks", "", "| run | steps | heads | steps/s | × first stretch |",

@@ -74,6 +74,7 @@ def needed_points(recipe, per_epoch: int) -> list[tuple[str, int]]:
         return points + [(f"pruning.l0_start_step {p.l0_start_step}", p.l0_start_step + 1)]  # gates train a step
     points += [(f"pruning.schedule epoch {e:g}", _epoch_step(e, per_epoch)) for e in p.schedule]
     points += [(f"pruning.schedule_steps step {s}", s) for s in p.schedule_steps]
+    points += [(f"pruning.ffn_schedule_steps step {s}", s) for s in p.ffn_schedule_steps]
     return points + [(f"pruning.shrink_steps step {s}", s) for s in p.shrink_steps]
 
 
@@ -84,7 +85,7 @@ def first_smaller_step(recipe, per_epoch: int) -> int | None:
     if p.method == "l0":
         return None
     if p.mode == "shrink":
-        steps = [_epoch_step(e, per_epoch) for e in p.schedule] + list(p.schedule_steps)
+        steps = [_epoch_step(e, per_epoch) for e in p.schedule] + list(p.schedule_steps) + list(p.ffn_schedule_steps)
     else:
         steps = list(p.shrink_steps)
     return min(steps) if steps else None

@@ -184,6 +184,9 @@ class PruningConfig:
     schedule: dict[float, float] = field(default_factory=dict)  # prune during training: {epoch: cumulative
     # fraction}; epochs may be fractional ({0.5: 0.25, 1.5: 0.5})
     schedule_steps: dict[int, float] = field(default_factory=dict)  # the same, keyed by global step
+    ffn_schedule_steps: dict[int, float] = field(default_factory=dict)  # FFN neurons pruned during training:
+    # {step: cumulative fraction of all FFN neurons}, ranked by importance over every FFN (scored in the heads'
+    # backward pass); its steps may differ from schedule_steps', and shrink_steps may name either's
     mode: str = "mask"  # during-training pruning: mask | shrink
     shrink_steps: list[int] = field(default_factory=list)  # mode mask: steps of schedule_steps at which the heads
     # masked so far are removed physically (optimizer state sliced): masks first, then a mid-training shrink
@@ -211,7 +214,7 @@ class PruningConfig:
         _check_fractions("pruning.curve_fractions", self.curve_fractions)
         for key in ("curve_sentences", "importance_batches", "importance_batch_size"):
             check_int(f"pruning.{key}", getattr(self, key), 1)
-        for key, unit in (("schedule", "epoch"), ("schedule_steps", "step")):
+        for key, unit in (("schedule", "epoch"), ("schedule_steps", "step"), ("ffn_schedule_steps", "step")):
             table = getattr(self, key)
             (check_epoch_points if unit == "epoch" else check_step_points)(f"pruning.{key} ({unit}s)", list(table))
             _check_fractions(f"pruning.{key}", table.values())
@@ -222,9 +225,15 @@ class PruningConfig:
         check_choice("pruning.mode", self.mode, MODES)
         check_step_points("pruning.shrink_steps", self.shrink_steps)
         for step in self.shrink_steps:
-            if step not in self.schedule_steps:
-                raise ValueError(f"pruning.shrink_steps: {step} is not a step of pruning.schedule_steps "
-                                 f"{sorted(self.schedule_steps)}; a shrink follows a pruning step.")
+            if step not in self.schedule_steps and step not in self.ffn_schedule_steps:
+                both = sorted(set(self.schedule_steps) | set(self.ffn_schedule_steps))
+                keys = "pruning.schedule_steps" + (" or pruning.ffn_schedule_steps" if self.ffn_schedule_steps else "")
+                raise ValueError(f"pruning.shrink_steps: {step} is not a step of {keys} {both}; a shrink follows a "
+                                 f"pruning step.")
+        if self.ffn_schedule_steps and (self.schedule or self.kept_per_kind):
+            other = "pruning.schedule (epochs)" if self.schedule else "pruning.kept_per_kind"
+            raise ValueError(f"pruning.ffn_schedule_steps: {self.ffn_schedule_steps!r} goes with the heads' "
+                             f"pruning.schedule_steps, not with {other}; give the heads' schedule in steps.")
         if self.shrink_steps and self.mode != "mask":
             raise ValueError(f"pruning.shrink_steps: {self.shrink_steps} needs pruning.mode=mask (mode "
                              f"{self.mode!r} already shrinks at every pruning step).")
@@ -342,7 +351,8 @@ class Recipe:
             raise ValueError(f"pruning.min_heads_per_layer: {p.min_heads_per_layer} is more than model.heads="
                              f"{m.heads}.")
         late = sorted(e for e in p.schedule if e > self.train.epochs) if not self.train.max_steps else []
-        late_steps = sorted(s for s in p.schedule_steps if self.train.max_steps and s > self.train.max_steps)
+        late_steps = sorted(s for s in [*p.schedule_steps, *p.ffn_schedule_steps]
+                            if self.train.max_steps and s > self.train.max_steps)
         if late_steps:
             raise ValueError(f"pruning.schedule_steps: step {late_steps[0]} is after the last training step "
                              f"(train.max_steps={self.train.max_steps}); that pruning step would never happen.")
@@ -350,6 +360,9 @@ class Recipe:
             raise ValueError(f"pruning.schedule: epoch {late[0]:g} is after the last training epoch "
                              f"(train.epochs={self.train.epochs}); that pruning step would never happen.")
         total = 3 * m.layers * m.heads
+        if p.method == "l0" and p.ffn_schedule_steps:
+            raise ValueError(f"pruning.ffn_schedule_steps: {p.ffn_schedule_steps!r} prunes FFN neurons by importance, "
+                             f"but pruning.method=l0 gates heads only; use method importance.")
         if p.method == "l0" and p.l0_target_heads > total:
             raise ValueError(f"pruning.l0_target_heads: {p.l0_target_heads} is more than the model's {total} heads.")
         if p.method == "l0" and self.train.max_steps and p.l0_start_step >= self.train.max_steps:

@@ -174,6 +174,7 @@ def write_report(run: str | Path, results: dict) -> Path:
         f"throughput (outputs of different lengths, one pass each): the A/B speed comparison is the benchmark below.",
         f"BLEU signature: `{full['bleu_signature']}`; chrF signature: `{full['chrf_signature']}`.",
         "",
+        *_ffn_lines(results),
         *_final_sets_table(results),
         f"Training: {results['train_minutes']:.1f} min"
         + (f", {results['train_flops']:.4g} training FLOPs over {results['steps']} steps"
@@ -239,6 +240,16 @@ def _final_table(results: dict) -> list[str]:
                   f"| shrunk (heads removed) | {results['heads_kept']} | {pruned['bleu']:.2f} | {pruned['chrf']:.2f} "
                   f"| {pruned['sentences_per_second']:.1f} |"]
     return lines
+
+
+def _ffn_lines(results: dict) -> list[str]:
+    """The FFN widths of the final model, layer by layer, when training pruned FFN neurons too."""
+    widths = results.get("ffn_widths")
+    if not widths:
+        return []
+    lines = [f"FFN neurons kept: {results['neurons_kept']} in all.", "", "| FFN (down projection) | neurons |",
+             "|---|---|"]
+    return lines + [f"| `{name}` | {width} |" for name, width in widths.items()] + [""]
 
 
 def _final_sets_table(results: dict) -> list[str]:

@@ -106,6 +106,7 @@ def check_points_reachable(recipe, train_pairs: int) -> None:
     points = [("pruning.schedule", f"epoch {e:g} (step {max(1, math.floor(e * per_epoch + 0.5))})",
                max(1, math.floor(e * per_epoch + 0.5))) for e in (p.schedule if pruning else {})]
     points += [("pruning.schedule_steps", f"step {s}", s) for s in (p.schedule_steps if pruning else {})]
+    points += [("pruning.ffn_schedule_steps", f"step {s}", s) for s in (p.ffn_schedule_steps if pruning else {})]
     points += [("pruning.shrink_steps", f"step {s}", s) for s in (p.shrink_steps if pruning else [])]
     points += [("eval.test_steps", f"step {s}", s) for s in ev.test_steps]
     for key, label, step in points:

@@ -20,7 +20,7 @@ from typing import Callable
 
 import torch
 
-from prunetrain.engine.heads import find_heads
+from prunetrain.engine.heads import find_heads, find_neurons, recorded_units
 from prunetrain.mt import ranks
 from prunetrain.mt.data import load_tokenizer
 from prunetrain.mt.init_architecture import apply_initial_architecture
@@ -176,6 +176,8 @@ def make_callbacks(recipe: Recipe, inputs: RunInputs, model_config=None) -> tupl
     if p.kept_per_kind:  # each pruning step prunes each kind its share of the kind's final amount
         prune = {e: recipe.kind_amounts(f) for e, f in p.schedule.items()} or None
         prune_steps = {s: recipe.kind_amounts(f) for s, f in p.schedule_steps.items()} or None
+    if p.ffn_schedule_steps:  # heads and neurons, each ranked within its unit: {"heads": h, "neurons": f}
+        prune_steps = unit_amounts(p.schedule_steps, p.ffn_schedule_steps)
     heads = Heads(scope=p.scope, min_heads_per_layer=p.min_heads_per_layer)
     importance = Importance(batches=inputs.importance_batches)
     schedule = Schedule(at_epochs=epochs, at_steps=p.importance_steps, prune=None if l0 else prune,
@@ -516,6 +518,7 @@ def collect_results(recipe: Recipe, out_dir: Path, training: TrainingOutcome, fi
         "points": points_summary(out_dir, beyond_epochs(recipe)), "heads_original": original_heads_of(recipe.model),
         "heads_trained": final["mask"].num_heads, "heads_total": original_heads_of(recipe.model),
         "heads_kept": final_layout.total_heads, "kept_per_kind": final_layout.heads_per_kind(),
+        **ffn_widths(final["pruned"]),
         "parameters_final": final_parameters,
         "trained_name": trained_name(recipe, final["mask"].num_heads),
         "test_full": strip_translations(final["full"]), "test_masked": strip_translations(final["masked"]) if final["masked"] else None,
@@ -570,3 +573,21 @@ def points_summary(out_dir: Path, late: dict) -> dict:
     for path in sorted((out_dir / "prunetrain").glob("schedule_*.json")):
         out[path.stem.removeprefix("schedule_")] = read_json(path, "run", allow_nan=True)
     return out
+
+
+def unit_amounts(head_steps: dict[int, float], ffn_steps: dict[int, float]) -> dict[int, dict[str, float]]:
+    """One cumulative amount per pruning step for heads and FFN neurons, `{"heads": h, "neurons": f}`: at each step
+    of either schedule, the last fraction each schedule reached by then (0.0 before its first step)."""
+    def reached(table: dict[int, float], step: int) -> float:
+        return float(max(((s, f) for s, f in table.items() if s <= step), default=(0, 0.0))[1])
+    return {step: {"heads": reached(head_steps, step), "neurons": reached(ffn_steps, step)}
+            for step in sorted(set(head_steps) | set(ffn_steps))}
+
+
+def ffn_widths(model) -> dict:
+    """`neurons_kept` and the FFN width of every layer ({site: width}) of the final pruned model when its FFNs
+    were pruned; {} otherwise (a heads-only run records what it always did)."""
+    if "neurons" not in recorded_units(model):
+        return {}
+    layout = find_neurons(model)
+    return {"neurons_kept": layout.total_neurons, "ffn_widths": {s.name: s.num_heads for s in layout}}

@@ -93,6 +93,7 @@ class HardConcreteCallback(PrunetrainCallback):
         options = resolve_options(type(self).__name__, dict(heads=heads, training=training, output=output),
                                   self.OPTIONS, deprecated)
         self.heads, self.training, self.output = (options[k] for k in self.OPTIONS)
+        self.heads.refuse_neurons(type(self).__name__)
         super().__init__(self.output.output_dir, self.output.tensorboard)
         if self.heads.scope != "global" or self.heads.min_heads_per_layer is not None:
             raise ValueError(f"heads: HardConcreteCallback gates every head of `kinds`, so it takes no scope "

@@ -3,6 +3,10 @@ TensorBoard heatmaps with the rank correlation between consecutive points (Miche
 settle?), and optional pruning on a schedule, by masking (`mode="mask"`) or physical removal (`mode="shrink"`, the
 optimizer state sliced so training goes on faster; under DDP the reducer's buckets are rebuilt on every rank).
 
+FFN neurons are pruned by the same callback (`Heads(units=...)`, or a scheduled amount that names neurons —
+`{"heads": 0.75, "neurons": 0.5}` — or an FFN kind, or is a FLOP target `{"flops": share}`): importance of neurons comes from the same backward pass, the mask and the shrink are
+the heads', and a FLOP target is met by the cheapest mix of heads and neurons (`prunetrain.methods.flop_budget`).
+
 Points are epochs (fractional allowed: 0.5 is the middle of the first epoch) or global steps; every record carries
 both the global step and the exact fractional epoch (`prunetrain.training.scheduled`).
 """
@@ -11,13 +15,16 @@ from __future__ import annotations
 
 from typing import Any
 
-from prunetrain.engine.heads import HeadLayout, attention_sites, find_heads, unwrap_model
+from prunetrain.engine.heads import (NEURON_KINDS, UNITS, HeadLayout, all_sites, find_heads, find_sites,
+                                     supported_units, unwrap_model)
 from prunetrain.engine.peft_support import peft_shrink_refusal
 from prunetrain.engine.mask import HeadMask, attached_masks, release_saved_masks
 from prunetrain.engine.shrink import shrink
+from prunetrain.methods.flop_budget import select_by_flops
 from prunetrain.methods.importance import HeadScores, get_scorer, random_scores
+from prunetrain.methods.importance.registry import UNIT_SCORERS
 from prunetrain.methods.constraints import apply_constraints
-from prunetrain.methods.selection import iterative_prune, select_heads
+from prunetrain.methods.selection import FLOPS_KEY, is_flop_target, iterative_prune, select_heads
 from prunetrain.training.base import (check_epochs_fit, check_model_kinds, first_batches, importance_heatmap,
                                       kept_summary, local_share)
 from prunetrain.training.distributed import find_ddp, rebuild_ddp
@@ -43,7 +50,8 @@ class HeadPruningCallback(ScheduledCallback):
             amounts pruned by each point (`prune`, `prune_steps`), the steps at which the masked heads are removed
             physically (`shrink_steps`) and the "end" point of a run cut short (`record_end`). Importance is also
             computed at every pruning point.
-        heads: which heads may go (`Heads`: scope, kinds, min_heads_per_layer (default 1), serving constraints).
+        heads: which units may go (`Heads`: scope, kinds, min_heads_per_layer (default 1: also the neurons every
+            FFN keeps), serving constraints, units: heads and/or FFN neurons).
         importance: how heads are ranked (`Importance`: scorer, its options, batches, iterative pruning in steps of
             `step`, default 0.1, re-estimating importance in between: Michel §4).
         output: where files go (`Output`: default `<output_dir>/prunetrain`, with TensorBoard).
@@ -87,6 +95,15 @@ class HeadPruningCallback(ScheduledCallback):
         self.min_heads_per_layer = self.heads.kept_per_site(1)
         self.batches, self.num_batches = self.importance.batches, self.importance.num_batches
         self.scorer, self.scorer_options = self.importance.scorer, self.importance.options
+        amounts = [*self._prune_epochs.values(), *self._prune_steps.values()]
+        self._flop_target = any(is_flop_target(a) for a in amounts)
+        ffn_named = [k for a in amounts if isinstance(a, dict) for k in a if k in (*NEURON_KINDS, "neurons")] + \
+            [k for k in self.kinds or () if k in NEURON_KINDS]
+        if ffn_named and self.heads.units is not None and "neurons" not in self.heads.units:
+            raise ValueError(f"units: {self.heads.units!r} leaves out the FFN neurons that {ffn_named[0]!r} names; "
+                             f"add 'neurons' (or leave units=None).")
+        self.units: tuple[str, ...] = self.heads.units or (UNITS if ffn_named else ("heads",))
+        self._check_unit_options()
         self.mask: HeadMask | None = None
         self.history: dict[int, dict] = {}  # global step -> {"step", "epoch", "label", "kind", "scores", "alive"}
         self.stability: list[dict] = []  # Spearman ρ of importance between consecutive points
@@ -105,6 +122,29 @@ class HeadPruningCallback(ScheduledCallback):
         return Plan(sorted(set(epochs) | set(self._prune_epochs)),
                     sorted(set(self.schedule.at_steps) | set(self._prune_steps)), whole)
 
+    def _check_unit_options(self) -> None:
+        """Neurons need a scorer that scores them; a FLOP target is met in one selection (not iteratively)."""
+        wants_neurons = "neurons" in self.units or (self._flop_target and self.heads.units is None)
+        if wants_neurons and isinstance(self.scorer, str) and self.scorer not in UNIT_SCORERS:
+            raise ValueError(f"scorer: {self.scorer!r} scores attention heads only, and this callback prunes FFN "
+                             f"neurons too; use one of {', '.join(map(repr, UNIT_SCORERS))} (or a callable scorer "
+                             f"that scores both).")
+        if self._flop_target and self.iterative:
+            raise ValueError(f"iterative: a FLOP target {{'{FLOPS_KEY}': share}} is met in one selection over every "
+                             f"unit; set Importance(iterative=False).")
+        if "units" in self.scorer_options:
+            raise ValueError("scorer_options: 'units' is set by the callback from Heads(units=...); leave it out.")
+
+    def _scorer_options(self) -> dict:
+        """The scorer's options, with the units this callback prunes (and raw scores for a FLOP target, which
+        compares heads with neurons by their loss per multiply-add: `prunetrain.methods.flop_budget`)."""
+        options = dict(self.scorer_options)
+        if isinstance(self.scorer, str) and self.scorer in UNIT_SCORERS and self.units != ("heads",):
+            options["units"] = self.units
+        if self._flop_target and self.scorer == "gradient":
+            options.setdefault("normalize", None)
+        return options
+
     # configuration checks that need the model and the training arguments
     def on_init_end(self, args, state, control, model=None, **kwargs):
         self.check_engine(model, args)
@@ -112,18 +152,28 @@ class HeadPruningCallback(ScheduledCallback):
         if model is not None:
             guard_weight_loading(model)  # a resume into a model of the wrong shape says what to do, in one line
             attached_masks(model)  # masks attached before peft wrapped the model move onto its LoRA layers
+            if self._flop_target and self.heads.units is None:
+                self.units = supported_units(model)  # a FLOP target: every unit the model has
             if self.mode == "shrink" or self._shrink_steps:  # a peft layer shrink cannot slice: refused now
-                refusal = peft_shrink_refusal(model, attention_sites(model))
+                refusal = peft_shrink_refusal(model, [s for s in all_sites(model) if s.info.unit in self.units])
                 if refusal:
                     raise ValueError(f"mode: HeadPruningCallback would shrink this PEFT model, but {refusal} Use "
                                      f"mode='mask' without shrink_steps.")
-            layout = find_heads(model)
+            layout = find_sites(model, self.units)
             check_model_kinds(self.kinds, layout)
-            self._check_amounts_fit(layout)
+            self._check_amounts_fit(layout, model)
             if self.mask is None:
                 self.mask = HeadMask.ones(layout)
 
-    def _check_amounts_fit(self, layout: HeadLayout) -> None:
+    def _select(self, scores: HeadScores, amount, model, base_mask: HeadMask | None) -> HeadMask:
+        """The mask for a cumulative `amount`: a FLOP target priced on the model's weights, else `select_heads`."""
+        if is_flop_target(amount):
+            return select_by_flops(scores, amount[FLOPS_KEY], model, base_mask=base_mask,
+                                   min_per_site=self.min_heads_per_layer)
+        return select_heads(scores, amount, scope=self.scope, kinds=self.kinds,
+                            min_heads_per_layer=self.min_heads_per_layer, base_mask=base_mask)
+
+    def _check_amounts_fit(self, layout: HeadLayout, model) -> None:
         """Refuse, before training starts, an amount the model cannot give: more heads than in scope, or more than
         `min_heads_per_layer` leaves prunable."""
         in_scope = sum(s.num_heads for s in layout if self.kinds is None or s.kind in self.kinds)
@@ -134,8 +184,7 @@ class HeadPruningCallback(ScheduledCallback):
                     raise ValueError(f"{argument}[{key:g}]: {amount} heads is more than the {in_scope} heads in "
                                      f"scope.")
                 try:
-                    select_heads(random_scores(layout), amount, scope=self.scope, kinds=self.kinds,
-                                 min_heads_per_layer=self.min_heads_per_layer)
+                    self._select(random_scores(layout), amount, model, None)
                 except ValueError as err:
                     raise ValueError(f"{argument}[{key:g}]: {amount!r} cannot be reached with min_heads_per_layer="
                                      f"{self.min_heads_per_layer} on this model ({err}); lower the amount or "
@@ -152,7 +201,7 @@ class HeadPruningCallback(ScheduledCallback):
         restored = self._restore(args, state)
         if restored and model is not None:
             release_saved_masks(model, self)  # the checkpoint's record of this callback's mask: restored below
-        if restored and self.mask is not None and self.mask.num_kept < self.mask.num_heads:
+        if restored and self.mask is not None and self.mask.num_kept_units < self.mask.num_units:
             if self.mode == "mask":
                 self.mask.attach(model, owner=self)
         self._start_plan(args, state, train_dataloader)
@@ -171,7 +220,7 @@ class HeadPruningCallback(ScheduledCallback):
                                  f"{placed[step]!r}; give one amount per step.")
             placed[step] = amount
         previous = None
-        total = self.mask.num_heads if self.scope == "global" and self.mask is not None else None  # mixed amounts
+        total = self.mask.num_units if self.scope == "global" and self.mask is not None else None  # mixed amounts
         for step in sorted(placed):
             amount = placed[step]
             if previous is not None and amount_decreases(previous[1], amount, total):
@@ -226,9 +275,9 @@ class HeadPruningCallback(ScheduledCallback):
     def act(self, point: Point, kind: str, state, model=None, optimizer=None, train_dataloader=None, **kwargs):
         amount = self._amount(point, kind)
         if self.mask is None:
-            self.mask = HeadMask.ones(model)
+            self.mask = HeadMask.ones(model, units=self.units)
         batches = self._importance_batches(model, train_dataloader)
-        scores = get_scorer(self.scorer, **self.scorer_options)(model, batches)
+        scores = get_scorer(self.scorer, **self._scorer_options())(model, batches)
         self.record(state.global_step, float(state.epoch or 0), scores, kind)
         if amount is not None:
             self.apply_pruning(model, optimizer, state, amount, scores, batches)
@@ -243,101 +292,109 @@ class HeadPruningCallback(ScheduledCallback):
         data = scores.to_dict()
         data["meta"] = dict(data.get("meta", {}), point={"step": step, "epoch": epoch, "label": label(step, epoch),
                                                          "kind": kind})
-        alive = {}
+        alive = {"heads": {}, "neurons": {}}  # unit -> {"site:original index": score} of the units alive
         for site in scores.layout:
             keep = self.mask[site.name].tolist() if self.mask is not None and site.name in self.mask.layout else None
             for position, original in enumerate(site.heads):
                 if keep is None or keep[position]:
-                    alive[f"{site.name}:{original}"] = float(scores.values[site.name][position])
+                    alive[site.unit][f"{site.name}:{original}"] = float(scores.values[site.name][position])
         previous = max((s for s in self.history if s < step), default=None)
         self.history[step] = {"step": step, "epoch": epoch, "label": label(step, epoch), "kind": kind, "file": name,
-                              "scores": data, "alive": alive}
+                              "scores": data, "alive": alive["heads"], "alive_neurons": alive["neurons"]}
         self._write_json(name, data)
         if previous is not None:
             self._record_stability(self.history[previous], self.history[step])
-        self._write_json("importance_points.json", [{k: v for k, v in h.items() if k not in ("scores", "alive")}
+        self._write_json("importance_points.json", [{k: v for k, v in h.items()
+                                                     if k not in ("scores", "alive", "alive_neurons")}
                                                     for _, h in sorted(self.history.items())])
-        if self._is_main and self._tb is not None:
-            self._tb_figure("prunetrain/importance", importance_heatmap(scores, f"head importance, "
-                                                                                f"{label(step, epoch)}"), step)
+        heads = scores.restricted(("heads",))
+        if self._is_main and self._tb is not None and len(heads.layout):
+            self._tb_figure("prunetrain/importance", importance_heatmap(heads, f"head importance, "
+                                                                               f"{label(step, epoch)}"), step)
 
     def _record_stability(self, before: dict, after: dict) -> None:
+        """Spearman ρ of the scores of the heads alive at both points (and, apart, of the FFN neurons)."""
         from prunetrain.methods.studies import defined, spearman
 
-        common = sorted(set(before["alive"]) & set(after["alive"]))
-        rho = defined(spearman([before["alive"][h] for h in common], [after["alive"][h] for h in common])) \
-            if len(common) >= 2 else None  # None also where one side's scores are all equal (every gate closed)
         entry = {"from_step": before["step"], "from_epoch": before["epoch"], "to_step": after["step"],
-                 "to_epoch": after["epoch"], "label": f"{before['label']} → {after['label']}",
-                 "heads_compared": len(common), "spearman": rho}
+                 "to_epoch": after["epoch"], "label": f"{before['label']} → {after['label']}"}
+        for unit, key, suffix in (("heads", "alive", ""), ("neurons", "alive_neurons", "_neurons")):
+            first, second = before.get(key) or {}, after.get(key) or {}
+            common = sorted(set(first) & set(second))
+            if unit == "neurons" and not common:
+                continue
+            rho = defined(spearman([first[h] for h in common], [second[h] for h in common])) \
+                if len(common) >= 2 else None  # None also where one side's scores are all equal (every gate closed)
+            entry.update({f"{unit}_compared": len(common), f"spearman{suffix}": rho})
+            if rho is not None:
+                self._tb_scalar(f"prunetrain/importance_spearman{suffix}_vs_previous", rho, after["step"])
+                self._log(f"importance {entry['label']}: Spearman ρ {rho:.3f} over {len(common)} {unit}")
         self.stability.append(entry)
         self._write_json("importance_stability.json", self.stability)
-        if rho is not None:
-            self._tb_scalar("prunetrain/importance_spearman_vs_previous", rho, after["step"])
-            self._log(f"importance {entry['label']}: Spearman ρ {rho:.3f} over {len(common)} heads")
 
     def apply_pruning(self, model, optimizer, state, amount, scores: HeadScores, batches: list) -> HeadMask:
         """Prune to the cumulative `amount` and apply it (mask or shrink); one log line per event."""
         step, epoch = int(state.global_step), float(state.epoch or 0)
-        before = self.mask.kept_per_kind()
-        options = dict(scope=self.scope, kinds=self.kinds, min_heads_per_layer=self.min_heads_per_layer,
-                       base_mask=self.mask)
+        before, counts_before = self.mask.kept_per_kind(), _kept_counts(self.mask)
         if self.iterative:
             step_amount = self.step if type(self.step) is type(amount) else (
                 float(self.step) if isinstance(amount, float) else max(1, int(self.step)))
             result = iterative_prune(model, batches, step=step_amount, target=amount, scorer=self.scorer,
-                                     scorer_options=self.scorer_options, **options)
+                                     scorer_options=self._scorer_options(), scope=self.scope, kinds=self.kinds,
+                                     min_heads_per_layer=self.min_heads_per_layer, base_mask=self.mask,
+                                     units=self.units)
             new_mask = result.mask
         else:
-            new_mask = select_heads(scores, amount, **options)
+            new_mask = self._select(scores, amount, model, self.mask)
         if self.constraints is not None:  # the amount moves to the nearest layout the constraints allow
             new_mask = apply_constraints(new_mask, scores, self.constraints)
-        total_before = self.mask.num_kept
         if self.mask.attached:
             self.mask.detach()
         if self.mode == "shrink":
             layout = self._shrink(model, new_mask, optimizer)
             self.mask = HeadMask.ones(layout)
-            after = layout.heads_per_kind()
-            total_after = layout.total_heads
         else:
             self.mask = new_mask
             self.mask.attach(model, owner=self)
-            after = self.mask.kept_per_kind()
-            total_after = self.mask.num_kept
+        after, counts_after = self.mask.kept_per_kind(), _kept_counts(self.mask)
         event = {"step": step, "epoch": epoch, "label": label(step, epoch), "amount": amount, "mode": self.mode,
-                 "heads_before": total_before, "heads_after": total_after, "per_kind_before": before,
-                 "per_kind_after": after}
+                 **_counts_event(counts_before, counts_after), "per_kind_before": before, "per_kind_after": after}
         self.events.append(event)
         self._write_json("pruning_events.json", self.events)
-        self._log(f"{label(step, epoch)}: pruned heads {total_before} → {total_after} ({kept_summary(before, after)}) "
-                  f"[{self.mode}]")
-        self._tb_scalar("prunetrain/heads_alive", total_after, step)
+        self._log(f"{label(step, epoch)}: pruned {_counts_line(counts_before, counts_after)} "
+                  f"({kept_summary(before, after)}) [{self.mode}]")
+        self._tb_scalar("prunetrain/heads_alive", counts_after["heads"], step)
         for kind, count in after.items():
-            self._tb_scalar(f"prunetrain/heads_alive/{kind}", count, step)
-        self._tb_scalar("prunetrain/sparsity", 1 - total_after / max(1, sum(s.original_num_heads
-                                                                             for s in find_heads(model))), step)
+            self._tb_scalar(f"prunetrain/{'neurons' if kind in NEURON_KINDS else 'heads'}_alive/{kind}", count, step)
+        self._tb_scalar("prunetrain/sparsity", 1 - counts_after["heads"] / max(1, sum(s.original_num_heads
+                                                                                      for s in find_heads(model))),
+                        step)
+        if "neurons" in counts_after:
+            self._tb_scalar("prunetrain/neurons_alive", counts_after["neurons"], step)
         return self.mask
 
     def shrink_masked(self, model, optimizer, state) -> None:
-        """Remove the heads masked so far physically (optimizer state sliced); training goes on with the smaller
+        """Remove the units masked so far physically (optimizer state sliced); training goes on with the smaller
         model and an all-ones mask on it. One log line and one event (`mode: "shrink"`)."""
-        if self.mask is None or self.mask.num_kept == self.mask.num_heads:
+        if self.mask is None or self.mask.num_kept_units == self.mask.num_units:
             return
         step, epoch = int(state.global_step), float(state.epoch or 0)
         if self.mask.attached:
             self.mask.detach()
-        before, heads_before = self.mask.layout.heads_per_kind(), self.mask.num_heads  # heads present before
+        before = _present_per_kind(self.mask.layout)
+        counts_before = {"heads": self.mask.num_heads, **({"neurons": self.mask.num_neurons}
+                                                           if "neurons" in self.mask.layout.units else {})}
         layout = self._shrink(model, self.mask, optimizer)
         self.mask = HeadMask.ones(layout)
+        counts_after = _kept_counts(self.mask)
         event = {"step": step, "epoch": epoch, "label": label(step, epoch), "amount": None, "mode": "shrink",
-                 "heads_before": heads_before, "heads_after": layout.total_heads, "per_kind_before": before,
-                 "per_kind_after": layout.heads_per_kind(), "parameters_after": sum(
+                 **_counts_event(counts_before, counts_after), "per_kind_before": before,
+                 "per_kind_after": _present_per_kind(layout), "parameters_after": sum(
                      p.numel() for p in unwrap_model(model).parameters())}
         self.events.append(event)
         self._write_json("pruning_events.json", self.events)
-        self._log(f"{label(step, epoch)}: shrink: {heads_before} → {layout.total_heads} heads present (the masked heads "
-                  f"removed, optimizer state sliced) [shrink]")
+        self._log(f"{label(step, epoch)}: shrink: {_counts_line(counts_before, counts_after)} present (the masked "
+                  f"units removed, optimizer state sliced) [shrink]")
 
     @staticmethod
     def _shrink(model, mask: HeadMask, optimizer) -> HeadLayout:
@@ -356,6 +413,30 @@ class HeadPruningCallback(ScheduledCallback):
         if self.mask is not None:
             self._write_json("final_mask.json", self.mask.to_dict())
         super().on_train_end(args, state, control, **kwargs)
+
+
+def _kept_counts(mask: HeadMask) -> dict[str, int]:
+    """{"heads": kept heads, and "neurons": kept FFN neurons when the mask describes them}."""
+    counts = {"heads": mask.num_kept}
+    if "neurons" in mask.layout.units:
+        counts["neurons"] = mask.num_kept_neurons
+    return counts
+
+
+def _present_per_kind(layout: HeadLayout) -> dict[str, int]:
+    """{kind: units present} for every kind of the layout (attention kinds, then FFN kinds)."""
+    return {**layout.heads_per_kind(), **layout.neurons_per_kind()}
+
+
+def _counts_event(before: dict[str, int], after: dict[str, int]) -> dict[str, int]:
+    """An event's counts: `heads_before`/`heads_after`, and `neurons_before`/`neurons_after` when pruned."""
+    return {f"{unit}_{when}": counts[unit] for unit in before for when, counts in (("before", before),
+                                                                                  ("after", after))}
+
+
+def _counts_line(before: dict[str, int], after: dict[str, int]) -> str:
+    """`heads 144 → 36` (and `, neurons 12288 → 6144` when neurons are pruned) for a log line."""
+    return ", ".join(f"{unit} {before[unit]} → {after[unit]}" for unit in before)
 
 
 __all__ = ["HeadPruningCallback"]

@@ -23,11 +23,11 @@ import warnings
 from dataclasses import dataclass, fields
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
-from prunetrain.engine.heads import KINDS
+from prunetrain.engine.heads import KINDS, check_units
 from prunetrain.methods.constraints import ServingConstraints, check_constraints
 from prunetrain.methods.curve import DEFAULT_FRACTIONS
 from prunetrain.methods.importance import get_scorer
-from prunetrain.methods.selection import SCOPES
+from prunetrain.methods.selection import ALL_KINDS, SCOPES
 from prunetrain.training.points import check_amount_schedule, check_step_points, epoch_spec
 from prunetrain.utils.validate import (check_amount, check_amount_convention, check_bool, check_choice,
                                        check_finite_float, check_fractions, check_int, check_ints, check_kinds,
@@ -127,14 +127,21 @@ class Schedule:
 
 @dataclass(frozen=True)
 class Heads:
-    """Which heads a callback may remove and how many each site keeps (the options of `select_heads`).
+    """Which units (heads, FFN neurons) a callback may remove and how many each site keeps (the options of
+    `select_heads`).
 
         Heads(kinds=["encoder_self"], min_heads_per_layer=2)
+        Heads(units=("heads", "neurons"))          # with Schedule(prune_steps={300: {"flops": 0.5}})
 
     Args:
-        scope: "global" (one ranking over all heads in `kinds`), "layer" (the amount of each site's heads) or "kind"
-            (of each kind's heads). `HardConcreteCallback` gates every head of `kinds` and takes no other scope.
-        kinds: the attention kinds that may be pruned or gated (None: all kinds of the model).
+        scope: "global" (one ranking over all units in `kinds`), "layer" (the amount of each site's units) or "kind"
+            (of each kind's units). `HardConcreteCallback` gates every head of `kinds` and takes no other scope.
+        kinds: the attention (or FFN: `encoder_ffn`, `decoder_ffn`, `ffn`) kinds that may be pruned or gated (None:
+            all kinds of the units pruned).
+        units: the units the callback prunes: "heads", "neurons" (FFN neurons) or both. None (default): heads, plus
+            neurons when a scheduled amount names them ({"heads": 0.75, "neurons": 0.5}) or an FFN kind
+            ({"encoder_ffn": 0.5, ...}), or is a FLOP target ({"flops": share}: every unit the model has).
+            `HeadPruningCallback` only.
         min_heads_per_layer: heads every site keeps; None: the callback's default (`HeadPruningCallback` 1, so no
             layer is emptied; `PruningCurveCallback` 0, as in Michel et al.'s curves). Not for `HardConcreteCallback`.
         constraints: a `prunetrain.methods.constraints.ServingConstraints` every selection (or the final gates) is
@@ -146,16 +153,28 @@ class Heads:
     kinds: str | Sequence[str] | None = None
     min_heads_per_layer: int | None = None
     constraints: ServingConstraints | None = None
+    units: str | Sequence[str] | None = None
 
     def __post_init__(self) -> None:
         check_choice("scope", self.scope, SCOPES)
-        kinds = check_kinds("kinds", self.kinds, KINDS)
+        kinds = check_kinds("kinds", self.kinds, ALL_KINDS)
         if kinds is not None and len(set(kinds)) != len(kinds):
-            raise ValueError(f"kinds: {self.kinds!r} names a kind twice; give each attention kind once.")
+            raise ValueError(f"kinds: {self.kinds!r} names a kind twice; give each kind once.")
         object.__setattr__(self, "kinds", None if kinds is None else tuple(kinds))
+        if self.units is not None:
+            object.__setattr__(self, "units", check_units(self.units))
         if self.min_heads_per_layer is not None:
             check_int("min_heads_per_layer", self.min_heads_per_layer, 0)
         check_constraints(self.constraints)
+
+    def refuse_neurons(self, owner: str) -> None:
+        """For a callback that handles heads only: FFN units or kinds are one clear error, never ignored."""
+        ffn_kinds = [k for k in self.kinds or () if k not in KINDS]
+        if (self.units is not None and "neurons" in self.units) or ffn_kinds:
+            what = f"units={self.units!r}" if self.units is not None and "neurons" in self.units \
+                else f"kinds {ffn_kinds!r}"
+            raise ValueError(f"heads: {owner} works on attention heads only ({what} names FFN neurons); prune FFN "
+                             f"neurons with HeadPruningCallback.")
 
     def kept_per_site(self, default: int) -> int:
         """`min_heads_per_layer`, or the calling callback's `default` when it is None."""

@@ -70,6 +70,7 @@ class PruningCurveCallback(ScheduledCallback):
         options = resolve_options(type(self).__name__, given, self.OPTIONS, deprecated,
                                   renamed={"importance_batches": "batches"})
         self.schedule, self.sweep, self.heads, self.importance, self.output = (options[k] for k in self.OPTIONS)
+        self.heads.refuse_neurons(type(self).__name__)
         super().__init__(self.output.output_dir, self.output.tensorboard)
         self._refuse_what_a_curve_does_not_take()
         selector, epochs = self.schedule.points()
@@ -193,7 +194,7 @@ class PruningCurveCallback(ScheduledCallback):
         """The fractions handed to `pruning_curve` (of the original heads, `select_heads` convention), their
         requested fractions, and the ones out of reach on the model as it is."""
         layout = find_heads(unwrap_model(model))
-        base = combined_attached(model)
+        base = _heads_part(combined_attached(model))
         sites = [s for s in layout if self.kinds is None or s.kind in self.kinds]
         original = sum(s.original_num_heads for s in sites)
         alive = {s.name: (int((base[s.name] != 0).sum()) if base is not None else s.num_heads) for s in sites}
@@ -241,7 +242,7 @@ class PruningCurveCallback(ScheduledCallback):
         if not fractions:
             return {}, meta
         heads = HeadScope(scope=self.scope, kinds=self.kinds, min_heads_per_layer=self.min_heads_per_layer,
-                          base_mask=combined_attached(model))
+                          base_mask=_heads_part(combined_attached(model)))
         common = dict(fractions=fractions, heads=heads, key=self.metric_key, metric_name=self.metric_key)
         curves: dict[str, Curve] = {}
         if self.order in ("importance", "both"):
@@ -263,6 +264,12 @@ class PruningCurveCallback(ScheduledCallback):
             data = entry["curves"].get("importance") or next(iter(entry["curves"].values()))
             series[entry["label"]] = ([p["fraction"] for p in data["points"]], [p["value"] for p in data["points"]])
         return curves_figure(series, ylabel=self.metric_key, title="metric vs share of the heads present pruned")
+
+
+def _heads_part(mask):
+    """The heads of a combined attached mask (None stays None): curves rank heads; an FFN mask attached by a
+    pruning callback stays in effect on the model while they are taken."""
+    return None if mask is None else mask.restricted(("heads",))
 
 
 __all__ = ["PruningCurveCallback"]

@@ -18,7 +18,7 @@ import torch
 from safetensors.torch import load_file, save_file
 from torch import nn
 
-from prunetrain.engine.heads import LAYOUT_CONFIG_KEY, HeadLayout, attention_sites, unwrap_model
+from prunetrain.engine.heads import LAYOUT_CONFIG_KEY, HeadLayout, all_sites, unwrap_model
 from prunetrain.engine.peft_support import is_peft_wrapper
 from prunetrain.engine.persist import apply_saved_masks, saved_masks_of, shrink_to_layout
 from prunetrain.engine.remote_code import SPEC_KEY
@@ -239,24 +239,25 @@ def _check_head_shapes(module, state_dict, prefix, *args) -> None:
     if prefix:  # a load into a submodule of the model: not the Trainer's
         return
     modules = {id(m): name for name, m in module.named_modules()}
-    for site in attention_sites(module):
+    for site in all_sites(module):
         for part in (site.module, site.out_proj):
             for name, tensor in [*part.named_parameters(recurse=True), *part.named_buffers(recurse=True)]:
                 key = f"{modules[id(part)]}.{name}".lstrip(".")
                 theirs = state_dict.get(key)
                 if theirs is not None and tuple(theirs.shape) != tuple(tensor.shape):
-                    raise ValueError(_shape_message(site.info.name, key, tuple(theirs.shape), tuple(tensor.shape)))
+                    raise ValueError(_shape_message(site.info, key, tuple(theirs.shape), tuple(tensor.shape)))
 
 
-def _shape_message(site: str, key: str, theirs: tuple, own: tuple) -> str:
-    shapes = f"tensor {key!r} of site {site!r} is {theirs} in them, {own} in the model"
+def _shape_message(site, key: str, theirs: tuple, own: tuple) -> str:
+    shapes = f"tensor {key!r} of site {site.name!r} is {theirs} in them, {own} in the model"
+    units, short = ("attention heads", "heads") if site.unit == "heads" else ("FFN neurons", "FFN neurons")
     if torch.Size(theirs).numel() < torch.Size(own).numel():
-        return (f"model: the weights being loaded have fewer attention heads than the model ({shapes}): they are "
-                f"a checkpoint of a run that shrank its heads; give the model their layout first with "
+        return (f"model: the weights being loaded have fewer {units} than the model ({shapes}): they are "
+                f"a checkpoint of a run that shrank its {short}; give the model their layout first with "
                 f"prunetrain.restore_layout(model, checkpoint), or load it with prunetrain.load_pruned(checkpoint), "
                 f"then resume with trainer.train(resume_from_checkpoint=checkpoint).")
-    return (f"model: the weights being loaded have more attention heads than the model ({shapes}): they were saved "
-            f"before the model was shrunk, and a shrunk model cannot take heads back (load_best_model_at_end does "
+    return (f"model: the weights being loaded have more {units} than the model ({shapes}): they were saved "
+            f"before the model was shrunk, and a shrunk model cannot take {short} back (load_best_model_at_end does "
             f"this when the best checkpoint is from before a shrink); set load_best_model_at_end=False, or load that "
             f"checkpoint as a model of its own with prunetrain.load_pruned(checkpoint) or from_pretrained(checkpoint, "
             f"trust_remote_code=True).")

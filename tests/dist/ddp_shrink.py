@@ -1,6 +1,6 @@
 """Mid-training shrink under DDP, compared with one process on the same global batches.
 
-python ddp_shrink.py --out DIR --data DIR/multi30k [--callback prune-shrink|gates-shrink] [--resume]
+python ddp_shrink.py --out DIR --data DIR/multi30k [--callback prune-shrink|gates-shrink|prune-ffn-shrink] [--resume]
                      [--kill-at-step N]  (rank 0 sends itself SIGKILL at step N: a crash at a known point)
                      [--fsdp]  (TrainingArguments(fsdp="full_shard"), which the Trainer ignores on CPU)
                      [--compile BACKEND]  (TrainingArguments(torch_compile=True, torch_compile_backend=BACKEND))
@@ -24,7 +24,7 @@ from safetensors.torch import save_file
 from transformers import MarianMTModel, Seq2SeqTrainer, Seq2SeqTrainingArguments, TrainerCallback
 
 from process_group import end_process_group  # tests/dist, the script's own folder
-from prunetrain.engine.heads import find_heads
+from prunetrain.engine.heads import find_heads, find_sites
 from prunetrain.mt.data import build_dataset, make_collator, marian_config, read_parallel, train_tokenizer
 from prunetrain.training import (GateTraining, HardConcreteCallback, HeadPruningCallback, Importance, Schedule,
                                  last_complete_checkpoint, restore_layout)
@@ -53,7 +53,8 @@ def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--out", required=True)
     parser.add_argument("--data", required=True)
-    parser.add_argument("--callback", default="prune-shrink", choices=["prune-shrink", "gates-shrink"])
+    parser.add_argument("--callback", default="prune-shrink", choices=["prune-shrink", "gates-shrink",
+                                                                       "prune-ffn-shrink"])
     parser.add_argument("--resume", action="store_true")
     parser.add_argument("--kill-at-step", type=int, default=None)
     parser.add_argument("--fsdp", action="store_true", help="TrainingArguments(fsdp='full_shard'): on CPU the "
@@ -75,6 +76,9 @@ def main():
     if opts.callback == "gates-shrink":
         callback = HardConcreteCallback(target_heads=12, finalize="shrink",
                                         training=GateTraining(gate_lr=0.1, lagrangian_lr=0.1, init_log_alpha=1.0))
+    elif opts.callback == "prune-ffn-shrink":  # heads and FFN neurons to 20 %, then 35 % of the multiply-adds
+        callback = HeadPruningCallback(Schedule(at_epochs=[1, 2], prune={1: {"flops": 0.2}, 2: {"flops": 0.35}}),
+                                       mode="shrink", importance=Importance(batches=fixed))
     else:
         callback = HeadPruningCallback(Schedule(at_epochs=[1, 2], prune={1: 0.25, 2: 0.5}), mode="shrink",
                                        importance=Importance(batches=fixed))
@@ -93,8 +97,9 @@ def main():
                              processing_class=tokenizer, callbacks=callbacks,
                              compute_loss_func=token_loss)
     trainer.train(resume_from_checkpoint=checkpoint)
-    mask = callback.mask if opts.callback == "prune-shrink" else callback.final_mask
-    result = {"mask": mask.to_dict(), "layout": find_heads(model).to_dict(), "resumed_from": checkpoint,
+    mask = callback.final_mask if opts.callback == "gates-shrink" else callback.mask
+    layout = find_sites(model) if opts.callback == "prune-ffn-shrink" else find_heads(model)
+    result = {"mask": mask.to_dict(), "layout": layout.to_dict(), "resumed_from": checkpoint,
               "steps": trainer.state.global_step, "wrapper": type(trainer.model_wrapped).__name__}
     if opts.callback == "gates-shrink":
         result["log_alpha"] = {k: v.tolist() for k, v in callback.gates.state_dict().items()}

@@ -1,6 +1,7 @@
 """Mid-training shrink under FSDP2 (`fully_shard`), compared with one process on the same global batches.
 
-python fsdp_shrink.py --out DIR --data DIR/multi30k [--callback prune-shrink|gates-shrink|prune-shrink-distill]
+python fsdp_shrink.py --out DIR --data DIR/multi30k
+                      [--callback prune-shrink|gates-shrink|prune-shrink-distill|prune-ffn-shrink]
                       [--resume]
                       [--kill-at-step N]  (rank 0 sends itself SIGKILL at step N: a crash at a known point)
 or under `torchrun --nproc_per_node 2` (gloo, CPU), where every encoder/decoder layer and the root are
@@ -14,7 +15,9 @@ dropout. The loss is Σ token cross-entropy over the step's label tokens on all 
 masks at step 4, masks more and shrinks at steps 8 and 14 (`shrink_steps`), so training crosses two shrinks; or
 Hard-Concrete gates with a 12-head budget are trained and shrunk at the end (`finalize="shrink"`); or the
 prune-shrink schedule while distilling from a snapshot of the model taken when training begins (`DistillationCallback(
-teacher=None)`; the loss computed here through its `loss_func`, normalised over every rank's tokens). A checkpoint is
+teacher=None)`; the loss computed here through its `loss_func`, normalised over every rank's tokens); or heads and
+FFN neurons pruned to FLOP targets (15 %, 25 %, 35 % of the weight multiply-adds) at the same steps, with the same
+two shrinks (`prune-ffn-shrink`). A checkpoint is
 written at every epoch end (full model and optimizer state through torch.distributed.checkpoint's state-dict API,
 the config with the head layout, `trainer_state.json`, then the callbacks' state).
 
@@ -38,7 +41,7 @@ from torch.distributed.tensor import DTensor
 from transformers import MarianMTModel, TrainerControl, TrainerState, TrainingArguments
 from transformers.trainer_callback import CallbackHandler
 
-from prunetrain.engine.heads import find_heads
+from prunetrain.engine.heads import find_heads, find_sites
 from prunetrain.mt.data import build_dataset, make_collator, marian_config, read_parallel, train_tokenizer
 from prunetrain.training import (DistillationCallback, GateTraining, HardConcreteCallback, HeadPruningCallback,
                                  Importance, Output, Schedule, last_complete_checkpoint, restore_layout)
@@ -67,6 +70,10 @@ def make_callback(kind: str, fixed: list):
     if kind == "gates-shrink":
         return HardConcreteCallback(target_heads=12, finalize="shrink", output=Output(tensorboard=False),
                                     training=GateTraining(gate_lr=0.1, lagrangian_lr=0.1, init_log_alpha=1.0))
+    if kind == "prune-ffn-shrink":
+        return HeadPruningCallback(Schedule(at_epochs=[], prune_steps={4: {"flops": 0.15}, 8: {"flops": 0.25},
+                                                                       14: {"flops": 0.35}}, shrink_steps=[8, 14]),
+                                   importance=Importance(batches=fixed), output=Output(tensorboard=False))
     return HeadPruningCallback(Schedule(at_epochs=[], prune_steps={4: 0.25, 8: 0.375, 14: 0.5}, shrink_steps=[8, 14]),
                                importance=Importance(batches=fixed), output=Output(tensorboard=False))
 
@@ -142,7 +149,7 @@ def main():
     parser.add_argument("--out", required=True)
     parser.add_argument("--data", required=True)
     parser.add_argument("--callback", default="prune-shrink",
-                        choices=["prune-shrink", "gates-shrink", "prune-shrink-distill"])
+                        choices=["prune-shrink", "gates-shrink", "prune-shrink-distill", "prune-ffn-shrink"])
     parser.add_argument("--resume", action="store_true")
     parser.add_argument("--kill-at-step", type=int, default=None)
     opts = parser.parse_args()
@@ -200,7 +207,8 @@ def main():
     memory_end = local_bytes(model, optimizer)  # after a shrink at the end (finalize="shrink")
     mask = callback.final_mask if opts.callback == "gates-shrink" else callback.mask
     agreed = [any_rank(rank == 0), any_rank(False)]  # the time cap's rule: one rank's decision is every rank's
-    result = {"agreed": agreed, "mask": mask.to_dict(), "layout": find_heads(model).to_dict(), "world": world,
+    layout = find_sites(model) if opts.callback == "prune-ffn-shrink" else find_heads(model)
+    result = {"agreed": agreed, "mask": mask.to_dict(), "layout": layout.to_dict(), "world": world,
               "resumed_from": checkpoint, "steps": state.global_step, "losses": losses, "memory": memory,
               "memory_end": memory_end}
     if distillation is not None:  # what each rank distilled from: a whole replica, not shards

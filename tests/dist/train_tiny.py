@@ -1,6 +1,7 @@
 """A tiny real Seq2SeqTrainer run with prunetrain callbacks, for the resume-after-kill and DDP tests.
 
-python train_tiny.py --out DIR --data DIR/multi30k --callback prune-mask|prune-shrink|prune-mask-shrink|gates [--epochs N] [--resume]
+python train_tiny.py --out DIR --data DIR/multi30k --callback prune-mask|prune-shrink|prune-mask-shrink|gates|prune-ffn-mask-shrink
+                    [--epochs N] [--resume]
 (also under `torchrun --nproc_per_node 2`). Each rank writes `rank<r>_result.json` with its final mask.
 """
 
@@ -16,7 +17,7 @@ from process_group import end_process_group  # tests/dist, the script's own fold
 from prunetrain.training.callbacks import HardConcreteCallback, HeadPruningCallback, last_complete_checkpoint, restore_layout
 from prunetrain.training.options import GateTraining, Importance, Schedule
 from prunetrain.mt.data import build_dataset, make_collator, marian_config, read_parallel, train_tokenizer
-from prunetrain.engine.heads import find_heads
+from prunetrain.engine.heads import find_heads, find_sites
 
 
 def main():
@@ -24,7 +25,7 @@ def main():
     parser.add_argument("--out", required=True)
     parser.add_argument("--data", required=True)
     parser.add_argument("--callback", required=True, choices=["prune-mask", "prune-shrink", "prune-mask-shrink",
-                                                                       "gates"])
+                                                                       "gates", "prune-ffn-mask-shrink"])
     parser.add_argument("--epochs", type=int, default=4)
     parser.add_argument("--resume", action="store_true")
     parser.add_argument("--clock", action="store_true", help="also the training clock (FLOPs, a FLOP point)")
@@ -42,6 +43,10 @@ def main():
     fixed = [collator([dataset[i] for i in range(j, j + 16)]) for j in (0, 16, 32, 48)]
     if opts.callback == "gates":
         callback = HardConcreteCallback(lam=0.02, training=GateTraining(gate_lr=0.2), finalize="mask")
+    elif opts.callback == "prune-ffn-mask-shrink":  # heads and FFN neurons: FLOP targets, shrunk at step 32
+        callback = HeadPruningCallback(Schedule(at_epochs=[1], prune_steps={16: {"flops": 0.15}, 32: {"flops": 0.3},
+                                                                            48: {"flops": 0.4}}, shrink_steps=[32]),
+                                       importance=Importance(batches=fixed), mode="mask")
     elif opts.callback == "prune-mask-shrink":  # masks at steps 16 and 32, shrink at 32 (16 steps per epoch), mask at 48
         callback = HeadPruningCallback(Schedule(at_epochs=[1], prune_steps={16: 0.25, 32: 6, 48: 0.5},
                                                 shrink_steps=[32]),
@@ -68,7 +73,9 @@ def main():
                              processing_class=tokenizer, callbacks=callbacks)
     trainer.train(resume_from_checkpoint=checkpoint)
     mask = callback.mask if opts.callback != "gates" else callback.final_mask
-    result = {"mask": mask.to_dict(), "layout": find_heads(model).to_dict(), "resumed_from": checkpoint}
+    layout = find_sites(model) if "ffn" in opts.callback else find_heads(model)
+    result = {"mask": mask.to_dict(), "layout": layout.to_dict(), "resumed_from": checkpoint,
+              "weights_sum": float(sum(p.double().abs().sum() for p in model.parameters()))}
     if opts.clock:
         clock = callbacks[0]
         result["flops"] = clock.flops

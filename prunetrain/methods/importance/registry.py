@@ -9,6 +9,7 @@ from typing import Any, Callable, Iterable, Mapping, Protocol, runtime_checkable
 import torch
 from torch import nn
 
+from prunetrain.engine.heads import check_units
 from prunetrain.methods.importance.gradient import NORMALIZE, PER, REDUCTION, head_importance
 from prunetrain.methods.importance.loop import LossFn
 from prunetrain.methods.importance.scorers import ablation_scores, confidence_scores, random_scores
@@ -49,17 +50,19 @@ class GradientScorer:
     autocast: torch.dtype | None = None
     max_batches: int | None = None
     sync: bool | None = None
+    units: tuple[str, ...] = ("heads",)
 
     def __post_init__(self) -> None:
         check_choice("per", self.per, PER)
         check_choice("normalize", self.normalize, NORMALIZE)
         check_choice("reduction", self.reduction, REDUCTION)
         check_scorer_options(self)
+        self.units = check_units(self.units)
 
     def __call__(self, model, batches) -> HeadScores:
         return head_importance(model, batches, loss_fn=self.loss_fn, per=self.per, normalize=self.normalize,
                                reduction=self.reduction, autocast=self.autocast, max_batches=self.max_batches,
-                               sync=self.sync)
+                               sync=self.sync, units=self.units)
 
 
 @dataclass
@@ -99,14 +102,21 @@ class RandomScorer:
     """Seeded uniform scores (`random_scores`): the baseline. Ignores the batches; no forward pass."""
 
     seed: int = 0
+    units: tuple[str, ...] = ("heads",)
 
     def __post_init__(self) -> None:
         if isinstance(self.seed, bool) or not isinstance(self.seed, int):
             raise ValueError(f"seed: {self.seed!r} is not allowed; expected an integer.")
+        self.units = check_units(self.units)
 
     def __call__(self, model, batches=None) -> HeadScores:
-        return random_scores(model, seed=self.seed)
+        from prunetrain.engine.heads import find_sites
 
+        return random_scores(find_sites(model, self.units), seed=self.seed)
+
+
+UNIT_SCORERS = ("gradient", "random")
+"""The built-in scorers that score FFN neurons too (their `units` option); the others score heads only."""
 
 SCORERS: dict[str, Callable[..., Scorer]] = {
     "gradient": GradientScorer,
@@ -151,5 +161,5 @@ def get_scorer(name: str | Scorer, **options) -> Scorer:
         raise ValueError(f"options for scorer {name!r}: {err}") from None
 
 
-__all__ = ["AblationScorer", "ConfidenceScorer", "GradientScorer", "RandomScorer", "SCORERS", "Scorer", "get_scorer",
-           "register_scorer"]
+__all__ = ["AblationScorer", "ConfidenceScorer", "GradientScorer", "RandomScorer", "SCORERS", "Scorer", "UNIT_SCORERS",
+           "get_scorer", "register_scorer"]

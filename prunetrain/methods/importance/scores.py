@@ -73,6 +73,11 @@ class HeadScores:
         names = self.layout.names
         return [(names[i], h, v) for i, h, v in rows]
 
+    def restricted(self, units) -> "HeadScores":
+        """The scores of the sites of `units` only ("heads", "neurons" or both)."""
+        layout = self.layout.restricted(units)
+        return HeadScores(layout, {s.name: self.values[s.name] for s in layout}, self.method, dict(self.meta))
+
     def as_matrix(self) -> torch.Tensor:
         """`[num_sites, max_heads]` float64, NaN where a site has fewer heads (rows in layout order): for heatmaps."""
         width = max((s.num_heads for s in self.layout), default=0)
