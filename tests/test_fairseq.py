@@ -444,6 +444,35 @@ def test_fairseq_masked_equals_shrunk(fresh_fairseq, fairseq_model, samples):
 
 
 @pytest.mark.fairseq
+def test_fairseq_ffn_neurons_masked_equal_shrunk(fresh_fairseq, fairseq_model, samples):
+    """FFN neurons of fairseq's own layers (fc1 → fc2) through the same engine: a mask over heads and neurons (one
+    FFN emptied) equals the shrunk fairseq model, logits and greedy translation; the site names are the imported
+    FSMT model's."""
+    import torch
+
+    _, task = fairseq_model
+    view = wrap_fairseq(fresh_fairseq)
+    mask = HeadMask.ones(view, units=("heads", "neurons"))
+    ffn = [site for site in mask.layout if site.unit == "neurons"]
+    assert [site.name for site in ffn][:1] == ["model.encoder.layers.0.fc2"]
+    assert all(site.num_heads == site.original_num_heads == fresh_fairseq.encoder.layers[0].fc1.out_features
+               for site in ffn if site.kind == "encoder_ffn")
+    gen = torch.Generator().manual_seed(0)
+    for site in ffn:
+        mask[site.name] = (torch.rand(site.num_heads, generator=gen) > 0.5).float()
+    mask[ffn[0].name] = torch.zeros(ffn[0].num_heads)
+    sample = samples[0]
+    with mask.applied(view):
+        masked = _fairseq_logits(fresh_fairseq, sample)
+        masked_greedy = _greedy_fairseq(fresh_fairseq, task, sample)
+    layout = shrink(view, mask)
+    assert layout.total_neurons == mask.num_kept_neurons and fresh_fairseq.encoder.layers[0].fc1.out_features == 0
+    real = _real(sample)
+    assert float((_fairseq_logits(fresh_fairseq, sample)[real] - masked[real]).abs().max()) <= 1e-5
+    assert _greedy_fairseq(fresh_fairseq, task, sample) == masked_greedy
+
+
+@pytest.mark.fairseq
 def test_imported_masked_equals_shrunk_and_round_trips(imported, samples, tmp_path):
     sample = samples[0]
     real = _real(sample)

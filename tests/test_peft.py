@@ -74,6 +74,31 @@ def test_masked_equals_shrunk_with_the_adapters_sliced(family):
     assert (_logits(merged, inputs) - masked).abs().max() <= TOL
 
 
+FFN_TARGETS = {"marian": ["fc1", "fc2", "q_proj", "out_proj"], "llama": ["gate_proj", "up_proj", "down_proj"],
+               "gpt2": ["c_fc", "c_proj"]}
+
+
+@pytest.mark.parametrize("family", sorted(FFN_TARGETS))
+def test_lora_on_ffn_linears_is_sliced_with_the_neurons(family):
+    """LoRA adapters on the FFN's projections: the up/gate adapters' `lora_B` rows and the down projection's `lora_A`
+    columns go with the neurons, masked == shrunk, and the merged model equals it."""
+    torch.manual_seed(0)
+    model = get_peft_model(tiny_model(family), LoraConfig(r=2, target_modules=FFN_TARGETS[family],
+                                                          init_lora_weights=False, lora_dropout=0.0,
+                                                          fan_in_fan_out=family == "gpt2"))
+    inputs = tiny_inputs(family)
+    mask = random_mask(pt.find_sites(model), seed=2, soft=True, empty_site=None)
+    unmasked = _logits(model, inputs)
+    with mask.applied(model):
+        masked = _logits(model, inputs)
+    assert (masked - unmasked).abs().max() > 1e-3
+    pt.shrink(model, mask)
+    assert (_logits(model, inputs) - masked).abs().max() <= TOL
+    for site in pt.engine.heads.live_sites(model, ("neurons",)):
+        assert site.out_proj.lora_A["default"].weight.shape[1] == site.info.num_heads == mask.kept(site.info.name).__len__()
+    assert (_logits(model.merge_and_unload(), inputs) - masked).abs().max() <= TOL
+
+
 def test_shrink_slices_the_adapters_optimizer_state_and_they_keep_learning():
     model = _lora("marian")
     inputs = tiny_inputs("marian")

@@ -119,8 +119,9 @@ def _is_conv1d(module: nn.Module) -> bool:
 
 
 def select_out_features(module: nn.Module, rows: torch.Tensor, select: Select) -> None:
-    """Keep output features `rows` of an `nn.Linear` or a transformers `Conv1D` (weight and bias)."""
-    if not _is_conv1d(module):
+    """Keep output features `rows` of an `nn.Linear` or a transformers `Conv1D` (weight and bias; a peft layer
+    around one by its base layer's kind)."""
+    if not _is_conv1d(base_layer(module)):
         select_linear_out(module, rows, select)
         return
     select(module.weight, 1, rows)
@@ -130,8 +131,9 @@ def select_out_features(module: nn.Module, rows: torch.Tensor, select: Select) -
 
 
 def select_in_features(module: nn.Module, cols: torch.Tensor, select: Select) -> None:
-    """Keep input features `cols` of an `nn.Linear` or a transformers `Conv1D` (weight only)."""
-    if not _is_conv1d(module):
+    """Keep input features `cols` of an `nn.Linear` or a transformers `Conv1D` (weight only; a peft layer around one
+    by its base layer's kind)."""
+    if not _is_conv1d(base_layer(module)):
         select_linear_in(module, cols, select)
         return
     select(module.weight, 0, cols)

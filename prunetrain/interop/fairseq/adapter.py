@@ -10,7 +10,8 @@ from typing import Iterable, Mapping
 import torch
 from torch import nn
 
-from prunetrain.engine.families import LinearAttentionAdapter, register
+from prunetrain.engine.families import FeedForward, LinearAttentionAdapter, register
+from prunetrain.engine.families.core import ENCODER_DECODER_FFN_WIDTH
 from prunetrain.engine.families.core import define_subclass, switch_class
 
 FAIRSEQ_MODEL_TYPE = "fairseq_transformer"
@@ -18,8 +19,8 @@ _CONFIG_ATTR = "_prunetrain_head_config"
 
 
 class FairseqHeadConfig(SimpleNamespace):
-    """The little `config` prunetrain's engine reads (`model_type`, `is_encoder_decoder`, head counts); `shrink`
-    records the kept heads on it like on a transformers config."""
+    """The little `config` prunetrain's engine reads (`model_type`, `is_encoder_decoder`, head counts, FFN widths);
+    `shrink` records the kept heads and neurons on it like on a transformers config."""
 
 
 class FairseqTransformer(nn.Module):
@@ -50,6 +51,8 @@ class FairseqTransformer(nn.Module):
                 module.skip_embed_dim_check = True
         enc_heads = [m.num_heads for m in encoder.modules() if _is_fairseq_attention(m)]
         dec_heads = [m.num_heads for m in decoder.modules() if _is_fairseq_attention(m)]
+        enc_ffn = [layer.fc1.out_features for layer in encoder.layers if hasattr(layer, "fc1")]
+        dec_ffn = [layer.fc1.out_features for layer in decoder.layers if hasattr(layer, "fc1")]
         args = getattr(fairseq_model, "args", None) or getattr(fairseq_model, "cfg", None)
         config = fairseq_model.__dict__.get(_CONFIG_ATTR)
         if config is None:  # kept on the fairseq model, so that every view shares shrink's record of kept heads
@@ -60,6 +63,8 @@ class FairseqTransformer(nn.Module):
                                             or max(enc_heads, default=0)),
                 decoder_attention_heads=int(getattr(args, "decoder_attention_heads", None)
                                             or max(dec_heads, default=0)),
+                encoder_ffn_dim=int(getattr(args, "encoder_ffn_embed_dim", None) or max(enc_ffn, default=0)),
+                decoder_ffn_dim=int(getattr(args, "decoder_ffn_embed_dim", None) or max(dec_ffn, default=0)),
             )
             fairseq_model.__dict__[_CONFIG_ATTR] = config
         self.config = config
@@ -112,6 +117,8 @@ class FairseqAdapter(LinearAttentionAdapter):
     module_classes = ("MultiheadAttention", "EmptyFairseqAttention")
     count_attrs = ("num_heads",)
     width_attrs = ("embed_dim",)
+    ffn = FeedForward(("TransformerEncoderLayerBase", "TransformerDecoderLayerBase"), up=("fc1",), down="fc2",
+                      width=ENCODER_DECODER_FFN_WIDTH)  # fc1 → activation → dropout → fc2, element-wise between
 
     def sites(self, model):
         return [s for s in super().sites(model) if _is_fairseq_attention(s.module)]
