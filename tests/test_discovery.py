@@ -320,8 +320,8 @@ def test_find_heads_discovers_only_when_asked(registry, caplog):
         layout = pt.find_heads(model, discover=True)
     notices = [r.getMessage() for r in caplog.records if "discovered one" in r.getMessage()]
     assert notices == ["prunetrain: no adapter names model_type 'helium'; discovered one from its structure "
-                       "(HeliumAttention: q_proj/k_proj/v_proj -> o_proj, heads from head_dim) and proved it exact "
-                       "on a probe input."]
+                       "(HeliumAttention: q_proj/k_proj/v_proj -> o_proj, heads from head_dim; FFN neurons: "
+                       "HeliumMLP: gate_proj/up_proj -> down_proj (width 64)) and proved it exact on a probe input."]
     assert pt.find_heads(model) == layout  # registered: plain calls (and the callbacks) find the heads now
 
 
@@ -343,7 +343,8 @@ print("RESULT " + json.dumps(out))
 
 def test_a_discovered_adapter_travels_with_the_pruned_directory(tmp_path, registry):
     """A fresh process that never ran discovery: load_pruned and `prunetrain export` read the description from the
-    directory; plain transformers loads its remote code without prunetrain."""
+    directory (its FFN neurons too: heads and neurons were shrunk, one FFN emptied); plain transformers loads its
+    remote code without prunetrain."""
     import json
     import os
     import subprocess
@@ -352,8 +353,10 @@ def test_a_discovered_adapter_travels_with_the_pruned_directory(tmp_path, regist
     from conftest import REPO, run_cli
 
     model = _model("gptj")
-    pt.find_heads(model, discover=True)
-    pt.shrink(model, random_mask(model, seed=5, soft=True, empty_site=1))
+    layout = pt.find_sites(model, discover=True)
+    assert [s.kind for s in layout] == ["self", "ffn", "self", "ffn"]
+    pt.shrink(model, random_mask(layout, seed=5, soft=True, empty_site=1))  # the first FFN emptied
+    assert pt.find_sites(model).neurons_per_kind()["ffn"] < 2 * 128
     ids = torch.randint(3, 90, (2, 6), generator=torch.Generator().manual_seed(4))
     with torch.no_grad():
         logits = model(ids).logits
@@ -374,3 +377,93 @@ def test_a_discovered_adapter_travels_with_the_pruned_directory(tmp_path, regist
     assert type(remote).__module__.endswith("modeling_prunetrain")  # the directory's own code, no adapter needed
     with torch.no_grad():
         assert torch.equal(remote.eval()(ids).logits, logits)
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# FFN neurons found and proven beside the heads (issue 62)
+# ---------------------------------------------------------------------------------------------------------------------
+FFN_SHAPES = {
+    "cohere": "CohereMLP: gate_proj/up_proj -> down_proj (width 64)",
+    "helium": "HeliumMLP: gate_proj/up_proj -> down_proj (width 64)",
+    "stablelm": "StableLmMLP: gate_proj/up_proj -> down_proj (width 64)",
+    "roformer": "RoFormerLayer: intermediate.dense -> output.dense (width 64)",  # BERT's sibling modules
+    "esm": "EsmLayer: intermediate.dense -> output.dense (width 64)",
+    "xglm": "XGLMDecoderLayer: fc1 -> fc2 (width 64)",
+    "gptj": "GPTJMLP: fc_in -> fc_out (width 128)",
+    "umt5": "UMT5DenseGatedActDense: wi_0/wi_1 -> wo (width 64)",
+    "ctrl": "Sequential: 0 -> 2 (width 64)",
+}
+
+
+@pytest.mark.parametrize("model_type", list(FFN_SHAPES))
+def test_ffn_neurons_of_discovered_types_are_found_and_pruned_exactly_with_the_heads(model_type, registry):
+    """Discovery proposes each model type's FFN (plain, gated, BERT's two sibling modules, a Sequential), proves it,
+    and the neurons then shrink exactly with the heads after training moved the norms and biases: masked == shrunk
+    with one FFN emptied, and the FFN widths the config gives."""
+    model = _ctrl() if model_type == "ctrl" else _model(model_type)
+    adapter = discover_adapter(model)
+    assert [p.describe() for p in adapter.ffn_proposals] == [FFN_SHAPES[model_type]] and adapter.ffn_refusal is None
+    trained = perturbed_copy(model, seed=1)
+    layout = pt.find_sites(trained)
+    ffn = [s for s in layout if s.unit == "neurons"]
+    assert len(ffn) == (4 if model_type == "umt5" else 2)  # umt5: 2 encoder and 2 decoder layers
+    empty = next(i for i, s in enumerate(layout) if s.unit == "neurons")
+    mask = random_mask(layout, seed=3, soft=True, empty_site=empty)
+    inputs = {"input_ids": torch.randint(3, 30, (2, 7), generator=torch.Generator().manual_seed(2))}
+    if trained.config.is_encoder_decoder:
+        inputs["decoder_input_ids"] = inputs["input_ids"][:, :5]
+    with torch.no_grad(), mask.applied(trained):
+        masked = trained(**inputs).logits
+    pt.shrink(trained, mask)
+    assert pt.find_sites(trained).total_neurons == mask.num_kept_neurons
+    with torch.no_grad():
+        assert (trained(**inputs).logits - masked).abs().max() <= 1e-5
+
+
+class _NormedFFN(nn.Module):
+    """An FFN that layer-normalises its hidden features (NormFormer): no neuron can go alone."""
+
+    def __init__(self, width):
+        super().__init__()
+        self.fc1, self.norm, self.fc2 = nn.Linear(width, 2 * width), nn.LayerNorm(2 * width), nn.Linear(2 * width,
+                                                                                                           width)
+
+    def forward(self, x):
+        return self.fc2(self.norm(torch.relu(self.fc1(x))))
+
+
+class _TinyModelWithFFN(_TinyModel):
+    def __init__(self, model_type, normed):
+        super().__init__(model_type, "separate")
+        self.mlps = nn.ModuleList(_NormedFFN(32) if normed else nn.Sequential(nn.Linear(32, 64), nn.GELU(),
+                                                                                nn.Linear(64, 32)) for _ in range(2))
+
+    def forward(self, input_ids):
+        x = self.embed(input_ids)
+        for block, mlp in zip(self.blocks, self.mlps):
+            x = x + block(x)
+            x = x + mlp(x)
+        return self.head(x)
+
+
+def test_an_ffn_whose_norm_spans_its_neurons_is_refused_and_the_heads_stay_prunable(registry):
+    torch.manual_seed(0)
+    model = _TinyModelWithFFN("tiny-normed-ffn", normed=True).eval()
+    adapter = discover_adapter(model, {"input_ids": torch.randint(0, 40, (2, 7))})
+    assert adapter.ffn is None and "failed the self-check" in adapter.ffn_refusal
+    assert "_NormedFFN: fc1 -> fc2 (width 64)" in adapter.ffn_refusal
+    assert pt.find_heads(model).total_heads == 8
+    with pytest.raises(ValueError, match=r"^model: the FFN neurons of _TinyModelWithFFN cannot be pruned: discovery "
+                                         r"found its FFNs \(_NormedFFN: fc1 -> fc2 \(width 64\)\) but the FFN at "
+                                         r"'mlps\.0\.fc2' failed the self-check"):
+        pt.find_neurons(model)
+
+
+def test_a_sequential_ffn_host_is_named_by_its_attribute_so_other_sequentials_are_not_taken(registry):
+    torch.manual_seed(0)
+    model = _TinyModelWithFFN("tiny-sequential-ffn", normed=False).eval()
+    adapter = discover_adapter(model, {"input_ids": torch.randint(0, 40, (2, 7))})
+    [proposal] = adapter.ffn_proposals
+    assert proposal.module_class == "Sequential" and proposal.leaf_names == ("0", "1")  # mlps.0, mlps.1
+    model.extra = nn.Sequential(nn.Linear(32, 32))  # another Sequential, never called: not an FFN
+    assert [s.name for s in pt.find_neurons(model)] == ["mlps.0.2", "mlps.1.2"]

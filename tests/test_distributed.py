@@ -156,15 +156,25 @@ def test_ddp_mid_training_shrink_of_heads_and_ffn_neurons_equals_one_process(tmp
     _assert_weights_close(_weights(ddp, 0), _weights(single), atol=1e-5)
 
 
-def test_ddp_hard_concrete_finalize_shrink(tmp_path, multi30k_dir):
+@pytest.mark.parametrize("callback", ["gates-shrink", "gates-ffn-shrink"])
+def test_ddp_hard_concrete_finalize_shrink(tmp_path, multi30k_dir, callback):
+    """Gates on heads (a budget of 12 heads) or on heads and FFN neurons (30 % of the multiply-adds): every rank
+    holds the same gates, removes the same units and ends with the same weights."""
     out = tmp_path / "gates"
     _run(_torchrun(DIST / "ddp_shrink.py", "--out", str(out), "--data", str(multi30k_dir), "--callback",
-                   "gates-shrink"), tmp_path)
+                   callback), tmp_path)
     r0, r1 = _result(out, 0), _result(out, 1)
     assert r0["log_alpha"] == r1["log_alpha"]  # gate gradients are averaged over ranks before every gate step
     assert r0["mask"] == r1["mask"] and r0["layout"] == r1["layout"]
-    kept = sum(sum(1 for v in keep if v) for keep in r0["mask"]["sites"].values())
-    assert kept == 12 and sum(len(site["heads"]) for site in r0["layout"]["sites"]) == 12  # the budget, shrunk
+    kept = {unit: sum(sum(1 for v in keep if v) for name, keep in r0["mask"]["sites"].items()
+                      if name.endswith("fc2") == (unit == "neurons")) for unit in ("heads", "neurons")}
+    in_layout = {unit: sum(len(site["heads"]) for site in r0["layout"]["sites"]
+                           if site["kind"].endswith("ffn") == (unit == "neurons")) for unit in ("heads", "neurons")}
+    if callback == "gates-shrink":
+        assert kept["heads"] == 12 and in_layout["heads"] == 12  # the budget, shrunk
+    else:
+        assert r0["layout"]["units"] == ["heads", "neurons"] and kept == in_layout  # the final mask, shrunk
+        assert 0 < in_layout["neurons"] < 4 * 64  # the FFNs shrank (2 + 2 layers of 64 neurons)
     _assert_weights_close(_weights(out, 0), _weights(out, 1), atol=0)
 
 

@@ -15,6 +15,7 @@ from prunetrain.engine.heads import live_sites
 from prunetrain.methods.flop_budget import model_cost, select_by_flops, unit_costs
 from prunetrain.methods.importance import HeadScores, random_scores
 from prunetrain.training.options import Heads, Importance, Schedule
+from prunetrain.utils.plots import read_image_tags
 from prunetrain.zoo import tiny_model
 
 from test_callbacks import _fixed_batches, _marian, _seq2seq_trainer, tiny_mt  # noqa: F401  (the fixture)
@@ -129,6 +130,8 @@ def test_callback_prunes_heads_and_neurons_to_a_flop_target_and_shrinks_mid_trai
             assert optimizer.state[p]["exp_avg"].shape == p.shape
     events = json.loads((tmp_path / "prunetrain" / "pruning_events.json").read_text())
     assert [e["mode"] for e in events] == ["mask", "mask", "shrink"]
+    tags = read_image_tags(tmp_path / "prunetrain" / "tensorboard")
+    assert tags["prunetrain/ffn_widths"] == 2  # a figure of the FFN widths at each pruning step
     assert events[-1]["neurons_after"] == layout.total_neurons and events[-1]["heads_after"] == layout.total_heads
     assert {"encoder_ffn", "decoder_ffn"} <= set(events[-1]["per_kind_after"])
     losses = [log["loss"] for log in trainer.state.log_history if "loss" in log]
@@ -161,12 +164,11 @@ def test_unit_options_are_checked_when_the_callback_is_built():
                                importance=Importance(iterative=True))
     with pytest.raises(ValueError, match=r"^units: .* is not a non-empty selection of 'heads', 'neurons'"):
         Heads(units=["layers"])
-    for callback, extra in ((pt.PruningCurveCallback, {"metric": lambda model: 0.0}), (pt.HardConcreteCallback, {})):
-        with pytest.raises(ValueError, match=rf"^heads: {callback.__name__} works on attention heads only"):
-            callback(heads=Heads(units=BOTH), **extra)
-    with pytest.raises(ValueError, match=r"^heads: HardConcreteCallback works on attention heads only \(kinds "
+    with pytest.raises(ValueError, match=r"^heads: PruningCurveCallback works on attention heads only"):
+        pt.PruningCurveCallback(heads=Heads(units=BOTH), metric=lambda model: 0.0)
+    with pytest.raises(ValueError, match=r"^heads: PruningCurveCallback works on attention heads only \(kinds "
                                          r"\['ffn'\]"):
-        pt.HardConcreteCallback(heads=Heads(kinds=["ffn"]))
+        pt.PruningCurveCallback(heads=Heads(kinds=["ffn"]), metric=lambda model: 0.0)
 
 
 def test_a_neuron_layout_survives_a_copy_and_a_second_shrink():

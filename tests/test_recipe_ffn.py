@@ -41,6 +41,27 @@ def test_the_smoke_recipe_prunes_and_shrinks_ffn_neurons_during_training(tmp_pat
     assert pt.find_neurons(model).total_neurons == 128 and pt.find_heads(model).total_heads == results["heads_kept"]
 
 
+@pytest.mark.slow
+def test_the_smoke_recipe_gates_heads_and_ffn_neurons_to_a_flop_share(tmp_path, multi30k_dir):
+    """`pruning.method=l0` with `pruning.l0_target_flops`: Hard-Concrete gates on heads and FFN neurons, the final
+    model shrunk to remove at least that share of the multiply-adds."""
+    from prunetrain.methods.flop_budget import model_cost, original_cost
+
+    out = tmp_path / "run"
+    result = run_cli("recipe", "wmt-small-deen", "--smoke", "--set", "pruning.method=l0", "--set",
+                     "pruning.l0_target_flops=0.3", "--set", "pruning.l0_start_step=5", "--set", "eval.bench=false",
+                     "--set", "eval.test_limit=16", "--set", "eval.num_beams=1", "--data-dir", multi30k_dir,
+                     "--output", out)
+    assert result.returncode == 0, result.stderr[-4000:]
+    results = json.loads((out / "results.json").read_text())
+    model = pt.load_pruned(out / "pruned")
+    layout = pt.find_sites(model)
+    assert sum(results["ffn_widths"].values()) == layout.total_neurons < 256  # 4 FFNs × 64 before
+    assert model_cost(model) <= 0.7 * original_cost(model, layout)  # at least 30 % of the multiply-adds gone
+    history = json.loads((out / "prunetrain" / "gates_history.json").read_text())
+    assert "p_open_neurons" in history[-1] and "expected_flops_share" in history[-1]
+
+
 @pytest.mark.parametrize("overrides, pattern", [
     (["pruning.ffn_schedule_steps={10: 1.5}"], r"pruning.ffn_schedule_steps: 1.5 is not a fraction in \[0, 1\]"),
     (["pruning.ffn_schedule_steps={20: 0.5, 10: 0.75}"], r"pruning.ffn_schedule_steps \(steps\): \[20, 10\] is out of "
@@ -50,7 +71,11 @@ def test_the_smoke_recipe_prunes_and_shrinks_ffn_neurons_during_training(tmp_pat
       "pruning.ffn_schedule_steps={10: 0.5}"],
      r"pruning.ffn_schedule_steps: .* goes with the heads' pruning.schedule_steps, not with pruning.schedule"),
     (["pruning.method=l0", "pruning.ffn_schedule_steps={10: 0.5}"],
-     r"pruning.ffn_schedule_steps: .* but pruning.method=l0 gates heads only"),
+     r"pruning.ffn_schedule_steps: .* but pruning.method=l0 lets the gates choose; gate FFN neurons with "
+     r"pruning.l0_target_flops"),
+    (["pruning.l0_target_flops=0.3"], r"pruning.l0_target_flops: 0.3 needs pruning.method=l0"),
+    (["pruning.method=l0", "pruning.l0_target_flops=1.0"],
+     r"pruning.l0_target_flops: 1.0 is not allowed; expected a finite number in \[0, 1\)"),
     (["pruning.shrink_steps=[15]", "pruning.ffn_schedule_steps={10: 0.5}"],
      r"pruning.shrink_steps: 15 is not a step of pruning.schedule_steps or pruning.ffn_schedule_steps "
      r"\[10, 20, 30\]"),

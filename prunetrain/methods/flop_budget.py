@@ -27,7 +27,7 @@ import math
 import torch
 from torch import nn
 
-from prunetrain.engine.heads import UNITS, live_sites, unwrap_model
+from prunetrain.engine.heads import UNITS, HeadLayout, live_sites, unwrap_model
 from prunetrain.engine.mask import HeadMask
 from prunetrain.engine.peft_support import base_layer
 from prunetrain.methods.importance import HeadScores
@@ -75,6 +75,19 @@ def model_cost(model: nn.Module) -> float:
     return float(total)
 
 
+def original_cost(model: nn.Module, layout: HeadLayout, costs: dict[str, float] | None = None) -> float:
+    """Per-token weight multiply-adds of `model` before any of its units in `layout` were removed by `shrink`: its
+    `model_cost` plus what each site's physically removed units carried.
+
+    Args:
+        model: the (possibly shrunk) model.
+        layout: the sites whose removed units count (their `original_num_heads` against `num_heads`).
+        costs: `unit_costs(model, layout.units)`, when the caller has it.
+    """
+    costs = unit_costs(model, layout.units) if costs is None else costs
+    return model_cost(model) + sum((s.original_num_heads - s.num_heads) * costs[s.name] for s in layout)
+
+
 def select_by_flops(scores: HeadScores, share: float, model: nn.Module, *, base_mask: HeadMask | None = None,
                     min_per_site: int = 1) -> HeadMask:
     """A mask over the scores' units (heads, neurons or both) that removes `share` of the model's per-token weight
@@ -100,8 +113,8 @@ def select_by_flops(scores: HeadScores, share: float, model: nn.Module, *, base_
         raise ValueError("scores: NaN scores cannot be ranked.")
     mask = HeadMask(layout) if base_mask is None else HeadMask(layout, {n: v.detach() for n, v in base_mask.items()})
     costs = unit_costs(model, layout.units)
-    physically_removed = sum((s.original_num_heads - s.num_heads) * costs[s.name] for s in layout)
-    original = model_cost(model) + physically_removed
+    original = original_cost(model, layout, costs)
+    physically_removed = original - model_cost(model)
     removed = physically_removed + sum(float((mask[s.name] == 0).sum()) * costs[s.name] for s in layout)
     need = share * original - removed
     if need <= 0:
@@ -132,4 +145,4 @@ def select_by_flops(scores: HeadScores, share: float, model: nn.Module, *, base_
                      f"leaves {need:.4g} still to go); lower the share or min_per_site, or add a unit kind.")
 
 
-__all__ = ["model_cost", "select_by_flops", "unit_costs"]
+__all__ = ["model_cost", "original_cost", "select_by_flops", "unit_costs"]

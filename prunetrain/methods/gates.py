@@ -16,6 +16,14 @@ on test time); with the constants above that is exactly log α_i > 0.
 
 The gate multiplies the head's output where `HeadMask` does (the input of the attention output projection).
 
+FFN neurons are gated the same way (as CoFi, Xia et al. 2022, gates FFN dimensions): a neuron's gate multiplies its
+activation at the input of the FFN's down projection, where `HeadMask` masks a neuron. Heads and neurons are then
+compared by what they cost (`prunetrain.methods.flop_budget`): `expected_cost()` is the expected per-token weight
+multiply-adds of the gated units, Σ_i c_i (1 − P(g_i = 0)) with c_i the multiply-adds gate i carries, the term
+CoFi's Lagrangian drives to a target model size (a unit's multiply-adds per token equal its weight parameters, so
+a budget in FLOPs is one in weight parameters of the linear layers too), and `to_flop_mask(model, share)` removes
+at least `share` of the model's multiply-adds, the gates of lowest log α first.
+
 Grouped-query attention: the g query heads that read one key/value head can only be removed together, so they share
 one gate (`HeadSite.group_size`; multi-query sites, whose heads go one at a time, keep a gate per head). The L0 term
 counts heads, Σ_i g_i (1 − P(g_i = 0)), so λ and a head budget mean the same as without groups, and every mask the
@@ -32,7 +40,8 @@ from typing import Iterable
 import torch
 from torch import nn
 
-from prunetrain.engine.heads import KINDS, HeadLayout, attention_sites, find_heads, unwrap_model
+from prunetrain.engine.heads import (KINDS, NEURON_KINDS, HeadLayout, check_units, find_sites, live_sites,
+                                     unwrap_model)
 from prunetrain.engine.mask import HeadMask, register_scaler, scale_heads, unregister_scaler
 from prunetrain.engine.peft_support import PlacedHook, module_slots, place_hook
 from prunetrain.utils.device import device_of
@@ -53,29 +62,35 @@ def _key(site_name: str) -> str:
 
 class HardConcreteGates(nn.Module):
     """One Hard-Concrete gate per head of the gated sites (`kinds`), one per key/value group under grouped-query
-    attention, with learnable log α (`site_log_alpha(name)`: one value per gate).
+    attention, and one per FFN neuron when the layout describes neurons (`find_sites(model, ("heads", "neurons"))`
+    and FFN kinds among `kinds`), with learnable log α (`site_log_alpha(name)`: one value per gate).
 
     - `attach(model)`: hooks that multiply each gated head by its gate. In training mode a fresh gate sample is
       drawn for every forward pass of the model (reparameterised, so ∂L/∂ log α flows); in eval mode the gates are
       the deterministic 0/1 values.
-    - `expected_l0()`: the expected number of open heads Σ_i g_i (1 − P(g_i = 0)) (g_i: heads behind gate i),
-      differentiable; `penalty(λ)` = λ · expected_l0().
-    - `to_mask()`: the deterministic gates as a `HeadMask` (sites that are not gated keep every head); `to_mask(keep)`
-      keeps exactly `keep` heads, in whole groups (`check_budget` says beforehand whether that is possible).
+    - `expected_l0()`: the expected number of open units Σ_i g_i (1 − P(g_i = 0)) (g_i: heads behind gate i, 1
+      for a neuron), differentiable; `penalty(λ)` = λ · expected_l0(). `expected_cost()`: the same sum weighted by
+      each unit's multiply-adds (`unit_costs`).
+    - `to_mask()`: the deterministic gates as a `HeadMask` (sites that are not gated keep every unit);
+      `to_mask(keep)` keeps exactly `keep` heads, in whole groups (`check_budget` says beforehand whether that is
+      possible); `to_flop_mask(model, share)` removes at least `share` of the model's weight multiply-adds.
     """
 
     def __init__(self, layout: HeadLayout, kinds: Iterable[str] | None = None, init_log_alpha: float = 2.0,
-                 init_noise: float = 0.01, seed: int = 0):
+                 init_noise: float = 0.01, seed: int = 0, unit_costs: dict[str, float] | None = None):
         super().__init__()
-        kinds = check_kinds("kinds", kinds, KINDS) or list(layout.kinds)
+        kinds = check_kinds("kinds", kinds, KINDS + NEURON_KINDS) or list(layout.kinds)
         missing = [k for k in kinds if k not in layout.kinds]
         if missing:
-            raise ValueError(f"kinds: this model has no {missing[0]!r} attention; its kinds are "
-                             f"{', '.join(layout.kinds)}.")
+            kind = missing[0]
+            what = (f"{kind!r} FFN neurons in this layout (a layout of heads and neurons: find_sites)"
+                    if kind in NEURON_KINDS else f"{kind!r} attention")
+            raise ValueError(f"kinds: this model has no {what}; its kinds are {', '.join(layout.kinds)}.")
         if not math.isfinite(init_log_alpha):
             raise ValueError(f"init_log_alpha: {init_log_alpha} is not a finite number.")
         self.layout = layout
-        self.kinds = tuple(k for k in KINDS if k in kinds)
+        self.kinds = tuple(k for k in KINDS + NEURON_KINDS if k in kinds)
+        self.unit_costs = dict(unit_costs or {})  # {site: multiply-adds per unit} (`flop_budget.unit_costs`)
         self.site_names = [s.name for s in layout if s.kind in self.kinds]
         self.heads_per_gate = {s.name: max(1, s.group_size) for s in layout if s.kind in self.kinds}
         gen = torch.Generator().manual_seed(seed)
@@ -94,12 +109,14 @@ class HardConcreteGates(nn.Module):
         """log α of the gates of site `name` (one per head, or per key/value group under grouped-query attention)."""
         return self.log_alpha[_key(name)]
 
-    def head_log_alpha(self, name: str) -> torch.Tensor:
-        """log α per query head of site `name` (a group's heads share their gate's value)."""
+    def unit_log_alpha(self, name: str) -> torch.Tensor:
+        """log α per unit of site `name` (query head or neuron; a group's heads share their gate's value)."""
         return self.site_log_alpha(name).repeat_interleave(self.heads_per_gate[name])
 
+    head_log_alpha = unit_log_alpha
+
     def open_heads(self, name: str) -> int:
-        """Heads of site `name` whose deterministic gate is open."""
+        """Units (heads or neurons) of site `name` whose deterministic gate is open."""
         return int(self.deterministic(name).sum()) * self.heads_per_gate[name]
 
     def prob_closed(self, name: str) -> torch.Tensor:
@@ -111,9 +128,32 @@ class HardConcreteGates(nn.Module):
         return torch.sigmoid(self.site_log_alpha(name) - BETA * math.log((1 - LIMIT_L) / (LIMIT_R - 1)))
 
     def expected_l0(self) -> torch.Tensor:
-        """Σ_i g_i (1 − P(g_i = 0)): the expected number of heads whose gate is not zero (g_i = heads behind gate i:
-        1, or the key/value group size), differentiable in log α (Voita et al. 2019, eq. 6, counted in heads)."""
+        """Σ_i g_i (1 − P(g_i = 0)): the expected number of units whose gate is not zero (g_i = units behind gate i:
+        1, or the key/value group size), differentiable in log α (Voita et al. 2019, eq. 6, counted in heads; with
+        neurons gated too, heads and neurons are summed as units — `expected_cost` weighs them)."""
         return sum(self.heads_per_gate[name] * (1 - self.prob_closed(name)).sum() for name in self.site_names)
+
+    def expected_cost(self) -> torch.Tensor:
+        """Σ_i c_i (1 − P(g_i = 0)): the expected per-token weight multiply-adds of the gated units, c_i the
+        multiply-adds of the units behind gate i (`unit_costs`), differentiable in log α (CoFi's expected model size,
+        Xia et al. 2022, eq. 4, in multiply-adds)."""
+        missing = [n for n in self.site_names if n not in self.unit_costs]
+        if missing:
+            raise ValueError(f"unit_costs: no cost for site {missing[0]!r}; build the gates with "
+                             f"gates_for(model, ...) or give unit_costs=flop_budget.unit_costs(model).")
+        return sum(self.unit_costs[name] * self.heads_per_gate[name] * (1 - self.prob_closed(name)).sum()
+                   for name in self.site_names)
+
+    @property
+    def gated_units(self) -> tuple[str, ...]:
+        """The units the gates cover: "heads", "neurons" or both."""
+        kinds = {self.layout[n].kind for n in self.site_names}
+        return tuple(u for u, group in (("heads", KINDS), ("neurons", NEURON_KINDS)) if kinds & set(group))
+
+    def gated_count(self, unit: str = "heads") -> int:
+        """The number of gated units of `unit` ("heads" or "neurons")."""
+        group = KINDS if unit == "heads" else NEURON_KINDS
+        return sum(self.layout[n].num_heads for n in self.site_names if self.layout[n].kind in group)
 
     def penalty(self, lam: float) -> torch.Tensor:
         """Voita et al. (2019) eq. (6) regulariser λ Σ_i (1 − P(g_i = 0))."""
@@ -151,11 +191,40 @@ class HardConcreteGates(nn.Module):
                 for name in self.site_names:
                     mask[name] = self.deterministic(name).detach().cpu().repeat_interleave(self.heads_per_gate[name])
                 return mask
+            if "neurons" in self.gated_units:
+                raise ValueError("keep: a head budget cannot rank gated FFN neurons against heads; give the budget "
+                                 "in multiply-adds (to_flop_mask).")
             self.check_budget(keep)
             kept = self._best_gates(keep)
             for name in self.site_names:
                 gates = torch.tensor([1.0 if (name, i) in kept else 0.0 for i in range(len(self.site_log_alpha(name)))])
                 mask[name] = gates.repeat_interleave(self.heads_per_gate[name])
+        return mask
+
+    def to_flop_mask(self, model: nn.Module, share: float) -> HeadMask:
+        """The gates as a binary HeadMask that removes at least `share` of `model`'s per-token weight multiply-adds
+        (`flop_budget.select_by_flops`; units removed by an earlier shrink count toward it), the gated units of lowest
+        log α first, a key/value group as one; ungated units are kept. Over the budget by less than one gate's cost.
+
+        Args:
+            model: the gated model (its weights give each unit's cost).
+            share: a float in [0, 1].
+
+        Raises:
+            ValueError: a share the gated units cannot meet (removing all of them leaves some to go).
+        """
+        from prunetrain.methods.flop_budget import select_by_flops, unit_costs
+        from prunetrain.methods.importance import HeadScores
+
+        costs = unit_costs(model, self.layout.units)
+        gated = HeadLayout(self.layout.family, tuple(self.layout[n] for n in self.site_names), self.layout.units)
+        with torch.no_grad():  # a unit's score is log α × its cost: select_by_flops ranks score per multiply-add
+            scores = HeadScores(gated, {n: self.unit_log_alpha(n).detach().cpu().double() * costs[n]
+                                        for n in self.site_names}, method="hard-concrete")
+        chosen = select_by_flops(scores, share, model, min_per_site=0)
+        mask = HeadMask.ones(self.layout)
+        for name in self.site_names:
+            mask[name] = chosen[name]
         return mask
 
     def check_budget(self, keep: int, argument: str = "keep") -> None:
@@ -215,12 +284,19 @@ class HardConcreteGates(nn.Module):
                     out[site.kind] += self.open_heads(site.name)
         return out
 
-    def prob_open_matrix(self) -> torch.Tensor:
-        """1 − P(g = 0) as a [gated sites, max heads] matrix (NaN where a site has fewer heads), for heatmaps."""
-        width = max((self.layout[n].num_heads for n in self.site_names), default=0)
-        out = torch.full((len(self.site_names), width), float("nan"))
+    def sites_of(self, unit: str = "heads") -> list[str]:
+        """The gated sites of `unit` ("heads" or "neurons"), in layout order."""
+        group = KINDS if unit == "heads" else NEURON_KINDS
+        return [n for n in self.site_names if self.layout[n].kind in group]
+
+    def prob_open_matrix(self, unit: str = "heads") -> torch.Tensor:
+        """1 − P(g = 0) as a [gated sites of `unit`, max units] matrix (NaN where a site has fewer units), for
+        heatmaps."""
+        names = self.sites_of(unit)
+        width = max((self.layout[n].num_heads for n in names), default=0)
+        out = torch.full((len(names), width), float("nan"))
         with torch.no_grad():
-            for row, name in enumerate(self.site_names):
+            for row, name in enumerate(names):
                 values = (1 - self.prob_closed(name).detach().float().cpu()).repeat_interleave(self.heads_per_gate[name])
                 out[row, : len(values)] = values
         return out
@@ -235,7 +311,7 @@ class HardConcreteGates(nn.Module):
         if self.attached:
             raise RuntimeError("HardConcreteGates.attach: already attached; call detach() first.")
         model = unwrap_model(model)
-        sites = {s.info.name: s for s in attention_sites(model)}
+        sites = {s.info.name: s for s in live_sites(model, self.layout.units)}
         HeadMask(self.layout).check_matches(list(sites.values()))
         self._handles.append(model.register_forward_pre_hook(self._resample))
         slots = module_slots(model)
@@ -285,16 +361,21 @@ class _GateHook(PlacedHook):
         return scale_heads(x, self.gates.current(self.name), self.head_dim)
 
 
-def gates_for(model: nn.Module, kinds: Iterable[str] | None = None, **kwargs) -> HardConcreteGates:
-    """`HardConcreteGates` for `model`'s layout, on the model's device.
+def gates_for(model: nn.Module, kinds: Iterable[str] | None = None, units=("heads",), **kwargs) -> HardConcreteGates:
+    """`HardConcreteGates` for `model`'s layout of `units`, on the model's device, with each unit's multiply-adds
+    (`flop_budget.unit_costs`, for `expected_cost`).
 
     Args:
         model: the model (a `.module` wrapper is unwrapped).
-        kinds: the attention kinds to gate (None: all).
+        kinds: the attention and FFN kinds to gate (None: every kind of `units`).
+        units: "heads" (default), "neurons" (FFN neurons) or both.
         **kwargs: `HardConcreteGates` options (init_log_alpha, init_noise, seed).
     """
+    from prunetrain.methods.flop_budget import unit_costs
+
     model = unwrap_model(model)
-    gates = HardConcreteGates(find_heads(model), kinds=kinds, **kwargs)
+    units = check_units(units)
+    gates = HardConcreteGates(find_sites(model, units), kinds=kinds, unit_costs=unit_costs(model, units), **kwargs)
     return gates.to(device_of(model))
 
 

@@ -192,6 +192,8 @@ class PruningConfig:
     # masked so far are removed physically (optimizer state sliced): masks first, then a mid-training shrink
     method: str = "importance"  # importance: Michel et al. scores + schedule; l0: Hard-Concrete gates (Voita §6)
     l0_target_heads: int = 36  # method l0: the head budget the gates are trained to (a Lagrangian on E[L0])
+    l0_target_flops: float = 0.0  # method l0: > 0 gates heads and FFN neurons instead, to remove this share of the
+    # per-token weight multiply-adds (a Lagrangian on the expected share left); 0: the head budget above
     l0_gate_lr: float = 0.1
     l0_lagrangian_lr: float = 0.05
     l0_init_log_alpha: float = 3.0
@@ -239,6 +241,10 @@ class PruningConfig:
                              f"{self.mode!r} already shrinks at every pruning step).")
         check_choice("pruning.method", self.method, METHODS)
         check_int("pruning.l0_target_heads", self.l0_target_heads, 1)
+        _check_number("pruning.l0_target_flops", self.l0_target_flops, 0.0, 1.0, high_open=True)
+        if self.l0_target_flops and self.method != "l0":
+            raise ValueError(f"pruning.l0_target_flops: {self.l0_target_flops!r} needs pruning.method=l0 (method "
+                             f"{self.method!r} prunes by importance; give it a FLOP target in ffn_schedule_steps).")
         _check_number("pruning.l0_gate_lr", self.l0_gate_lr, 0.0, low_open=True)
         _check_number("pruning.l0_lagrangian_lr", self.l0_lagrangian_lr, 0.0, low_open=True)
         _check_number("pruning.l0_init_log_alpha", self.l0_init_log_alpha, -20.0, 20.0)
@@ -362,8 +368,8 @@ class Recipe:
         total = 3 * m.layers * m.heads
         if p.method == "l0" and p.ffn_schedule_steps:
             raise ValueError(f"pruning.ffn_schedule_steps: {p.ffn_schedule_steps!r} prunes FFN neurons by importance, "
-                             f"but pruning.method=l0 gates heads only; use method importance.")
-        if p.method == "l0" and p.l0_target_heads > total:
+                             f"but pruning.method=l0 lets the gates choose; gate FFN neurons with pruning.l0_target_flops.")
+        if p.method == "l0" and not p.l0_target_flops and p.l0_target_heads > total:
             raise ValueError(f"pruning.l0_target_heads: {p.l0_target_heads} is more than the model's {total} heads.")
         if p.method == "l0" and self.train.max_steps and p.l0_start_step >= self.train.max_steps:
             raise ValueError(f"pruning.l0_start_step: {p.l0_start_step} is not before the last training step "

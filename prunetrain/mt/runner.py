@@ -188,8 +188,9 @@ def make_callbacks(recipe: Recipe, inputs: RunInputs, model_config=None) -> tupl
     if l0:
         gates = GateTraining(gate_lr=p.l0_gate_lr, lagrangian_lr=p.l0_lagrangian_lr,
                              init_log_alpha=p.l0_init_log_alpha, seed=t.seed)
-        callbacks.append(HardConcreteCallback(target_heads=p.l0_target_heads, start_step=p.l0_start_step,
-                                              finalize="shrink", training=gates))
+        budget = {"target_flops": p.l0_target_flops} if p.l0_target_flops else {"target_heads": p.l0_target_heads}
+        callbacks.append(HardConcreteCallback(**budget, start_step=p.l0_start_step, finalize="shrink",
+                                              training=gates))
     if curve_epochs or p.curve_steps:
         metric = bleu_metric(inputs.tokenizer, inputs.curve_pairs, batch_size=recipe.eval.curve_batch_size,
                              autocast_bf16=inputs.bf16)
@@ -459,8 +460,11 @@ def set_up_model(recipe: Recipe, tokenizer, pairs, *, out_dir: Path, progress: C
     for key, points in beyond_epochs(recipe).items():
         progress(f"not reached: pruning.{key} {points} lie beyond train.epochs={recipe.train.epochs}")
     if recipe.pruning.method == "l0" and (recipe.pruning.schedule or recipe.pruning.schedule_steps):
-        progress("pruning.method=l0: the Hard-Concrete gates choose the heads (budget pruning.l0_target_heads="
-                 f"{recipe.pruning.l0_target_heads}); pruning.schedule/schedule_steps/shrink_steps are not used")
+        budget = (f"heads and FFN neurons (budget pruning.l0_target_flops={recipe.pruning.l0_target_flops})"
+                  if recipe.pruning.l0_target_flops else
+                  f"the heads (budget pruning.l0_target_heads={recipe.pruning.l0_target_heads})")
+        progress(f"pruning.method=l0: the Hard-Concrete gates choose {budget}; "
+                 f"pruning.schedule/schedule_steps/shrink_steps are not used")
     return model, inputs, initial
 
 

@@ -18,7 +18,7 @@ import torch.distributed as dist
 from torch import nn
 from transformers import TrainerCallback
 
-from prunetrain.engine.heads import KINDS, HeadLayout, unwrap_model
+from prunetrain.engine.heads import KINDS, NEURON_KINDS, HeadLayout, unwrap_model
 from prunetrain.engine.mask import HeadMask, attached_masks
 from prunetrain.training.distributed import require, training_engine
 from prunetrain.training.state import load_callback_state, save_callback_state, save_peft_record
@@ -51,7 +51,8 @@ def check_epochs_fit(args, last_epoch: int | None, argument: str) -> None:
 def check_model_kinds(kinds, layout: HeadLayout) -> None:
     for kind in kinds or []:
         if kind not in layout.kinds:
-            raise ValueError(f"kinds: this model has no {kind!r} attention; its kinds are {', '.join(layout.kinds)}.")
+            what = "FFN" if kind in NEURON_KINDS else "attention"
+            raise ValueError(f"kinds: this model has no {kind!r} {what}; its kinds are {', '.join(layout.kinds)}.")
 
 
 # ---------------------------------------------------------------------------------------------------------------------

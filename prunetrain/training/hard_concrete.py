@@ -1,7 +1,8 @@
 """`HardConcreteCallback`: Hard-Concrete gates on attention heads (Voita et al. 2019 §6) trained beside the model
 with the L0 penalty λ Σ (1 − P(g = 0)) or a Lagrangian head budget; at the end the gates become a HeadMask
 (optionally `shrink`). Under grouped-query attention a gate closes a whole key/value group, so a head budget is met
-exactly in whole groups (or refused before the first step when no set of groups holds it)."""
+exactly in whole groups (or refused before the first step when no set of groups holds it). FFN neurons are gated
+beside the heads with a budget in multiply-adds (`target_flops`, CoFi's Lagrangian on the expected model size)."""
 
 from __future__ import annotations
 
@@ -13,11 +14,12 @@ import torch.distributed as dist
 from torch import nn
 
 from prunetrain.engine import peft_support
-from prunetrain.engine.heads import attention_sites, find_heads, unwrap_model
+from prunetrain.engine.heads import NEURON_KINDS, find_sites, live_sites, supported_units, unwrap_model
 from prunetrain.engine.mask import HeadMask, release_saved_masks
 from prunetrain.engine.remote_code import mark_pruned
 from prunetrain.engine.shrink import shrink
 from prunetrain.methods.constraints import apply_constraints
+from prunetrain.methods.flop_budget import model_cost, original_cost
 from prunetrain.methods.gates import HardConcreteGates, LagrangianBudget, gates_for
 from prunetrain.training.base import PrunetrainCallback, check_model_kinds, when
 from prunetrain.training.distributed import find_ddp, rebuild_ddp, world_size
@@ -26,12 +28,14 @@ from prunetrain.training.points import is_whole_epoch, label
 from prunetrain.training.state import guard_weight_loading, load_optimizer_state, optimizer_state
 from prunetrain.utils.device import device_of
 from prunetrain.utils.plots import heatmap_figure
-from prunetrain.utils.validate import check_choice, check_int, check_positive_float
+from prunetrain.utils.validate import check_choice, check_int, check_open_fraction, check_positive_float
 
 FINALIZE = ("mask", "shrink", "none")
-LOG_KEYS = ("gates/expected_l0", "gates/penalty", "gates/heads_open", "gates/lambda", "gates/lambda_1",
-            "gates/lambda_2")
-"""Keys this callback adds to the Trainer's logs (`gates/lambda` with `lam`, `gates/lambda_1/2` with a budget)."""
+LOG_KEYS = ("gates/expected_l0", "gates/penalty", "gates/heads_open", "gates/neurons_open",
+            "gates/expected_flops_share", "gates/lambda", "gates/lambda_1", "gates/lambda_2")
+"""Keys this callback adds to the Trainer's logs (`gates/lambda` with `lam`, `gates/lambda_1/2` with a budget,
+`gates/neurons_open` when FFN neurons are gated, `gates/expected_flops_share` — the expected share of the original
+model's multiply-adds left — with `target_flops`)."""
 
 
 class HardConcreteCallback(PrunetrainCallback):
@@ -47,16 +51,22 @@ class HardConcreteCallback(PrunetrainCallback):
 
         HardConcreteCallback(lam=0.05, heads=Heads(kinds=["encoder_self"]), freeze="decoder")
         HardConcreteCallback(target_heads=24, training=GateTraining(gate_lr=0.05), start_step=600)
+        HardConcreteCallback(target_flops=0.5, start_step=600)   # heads and FFN neurons: half the multiply-adds
 
     Args:
-        lam: λ of the L0 penalty λ Σ_i (1 − P(g_i = 0)) (Voita eq. 6). Exactly one of `lam` and `target_heads`
-            is given.
+        lam: λ of the L0 penalty λ Σ_i (1 − P(g_i = 0)) (Voita eq. 6). Exactly one of `lam`, `target_heads` and
+            `target_flops` is given.
         target_heads: a head budget: keep this many gated heads (int) or this share of them (float in (0, 1]),
             reached with a Lagrangian on the expected L0 (`LagrangianBudget`).
-        heads: which heads are gated (`Heads`: `kinds`, default all, Voita §6.2 gates "encoder_self" only) and the
-            `constraints` the final mask is made to satisfy (units ranked by log α), e.g.
-            `ServingConstraints(same_heads_per_kind=True)` for a uniform layout. Gates decide per head, so
-            `scope` stays "global" and `min_heads_per_layer` unset.
+        target_flops: a budget in multiply-adds: remove this share (float in (0, 1)) of the model's per-token weight
+            multiply-adds (`prunetrain.methods.flop_budget`; equal to its linear layers' weight parameters), with
+            gates on heads and FFN neurons (every unit the model has, unless `Heads(units=...)` says which), reached
+            with a Lagrangian on the expected share left (CoFi, Xia et al. 2022, eq. 5); the final mask removes at
+            least the share, over it by less than one gate's cost.
+        heads: which units are gated (`Heads`: `kinds`, default all, Voita §6.2 gates "encoder_self" only; `units`:
+            heads, or FFN neurons too with `target_flops`) and the `constraints` the final mask is made to satisfy
+            (units ranked by log α), e.g. `ServingConstraints(same_heads_per_kind=True)` for a uniform layout. Gates
+            decide per unit, so `scope` stays "global" and `min_heads_per_layer` unset.
         freeze: None, "decoder" (Voita §6.2: the decoder is frozen while encoder heads are gated), "model"
             (only the gates train — then the Trainer needs at least one trainable parameter, so prefer
             "decoder" or a predicate) or a predicate name -> bool. Applied before the Trainer builds its optimizer,
@@ -87,22 +97,34 @@ class HardConcreteCallback(PrunetrainCallback):
 
     OPTIONS = {"heads": Heads, "training": GateTraining, "output": Output}
 
-    def __init__(self, lam: float | None = None, *, target_heads: int | float | None = None, heads: Heads | None = None,
+    def __init__(self, lam: float | None = None, *, target_heads: int | float | None = None,
+                 target_flops: float | None = None, heads: Heads | None = None,
                  freeze: str | Callable[[str], bool] | None = None, start_step: int = 0, finalize: str = "mask",
                  training: GateTraining | None = None, output: Output | None = None, **deprecated: Any):
         options = resolve_options(type(self).__name__, dict(heads=heads, training=training, output=output),
                                   self.OPTIONS, deprecated)
         self.heads, self.training, self.output = (options[k] for k in self.OPTIONS)
-        self.heads.refuse_neurons(type(self).__name__)
         super().__init__(self.output.output_dir, self.output.tensorboard)
         if self.heads.scope != "global" or self.heads.min_heads_per_layer is not None:
             raise ValueError(f"heads: HardConcreteCallback gates every head of `kinds`, so it takes no scope "
                              f"({self.heads.scope!r}) or min_heads_per_layer ({self.heads.min_heads_per_layer!r}); "
                              f"leave them unset.")
         self.constraints = self.heads.constraints
-        if (lam is None) == (target_heads is None):
-            raise ValueError(f"lam, target_heads: give exactly one (a penalty weight λ or a head budget), got "
-                             f"lam={lam!r}, target_heads={target_heads!r}.")
+        if sum(x is not None for x in (lam, target_heads, target_flops)) != 1:
+            raise ValueError(f"lam, target_heads, target_flops: give exactly one (a penalty weight λ, a head budget or "
+                             f"a share of multiply-adds), got lam={lam!r}, target_heads={target_heads!r}, "
+                             f"target_flops={target_flops!r}.")
+        if target_flops is not None:
+            check_open_fraction("target_flops", target_flops)
+        ffn_kinds = [k for k in self.heads.kinds or () if k in NEURON_KINDS]
+        if target_flops is None and (ffn_kinds or (self.heads.units is not None and "neurons" in self.heads.units)):
+            what = f"kinds {ffn_kinds!r}" if ffn_kinds else f"units={self.heads.units!r}"
+            raise ValueError(f"heads: {what} gates FFN neurons, which `lam` and `target_heads` (counted in heads) "
+                             f"cannot weigh against heads; give the budget as target_flops (a share of the "
+                             f"multiply-adds).")
+        if ffn_kinds and self.heads.units is not None and "neurons" not in self.heads.units:
+            raise ValueError(f"units: {self.heads.units!r} leaves out the FFN neurons that kind {ffn_kinds[0]!r} "
+                             f"names; add 'neurons' (or leave units=None).")
         if lam is not None:
             check_positive_float("lam", lam, allow_zero=True)
         if target_heads is not None:
@@ -118,7 +140,9 @@ class HardConcreteCallback(PrunetrainCallback):
         check_choice("finalize", finalize, FINALIZE)
         self.start_step = check_int("start_step", start_step, 0)
         self.kinds = self.heads.kind_list
-        self.lam, self.target_heads, self.freeze = lam, target_heads, freeze
+        self.lam, self.target_heads, self.target_flops, self.freeze = lam, target_heads, target_flops, freeze
+        self.units: tuple[str, ...] | None = self.heads.units  # None until the model is known: see on_init_end
+        self._original_cost = self._fixed_cost = 0.0  # with target_flops: multiply-adds in all, and never gated
         t = self.training
         self.gate_lr, self.lagrangian_lr, self.init_log_alpha, self.seed = (t.gate_lr, t.lagrangian_lr,
                                                                             t.init_log_alpha, t.seed)
@@ -151,8 +175,14 @@ class HardConcreteCallback(PrunetrainCallback):
         model's adapter refuses for a gated site (the run would end in an error after all its steps)."""
         if self.budget is not None:
             self.gates.check_budget(self.budget, argument="target_heads")
+        if self.target_flops is not None:
+            reachable = 1 - self._fixed_cost / self._original_cost
+            if self.target_flops > reachable + 1e-12:
+                raise ValueError(f"target_flops: {self.target_flops!r} of the model's multiply-adds cannot be removed: "
+                                 f"the gated units ({', '.join(self.units)} of kinds {', '.join(self.gates.kinds)}) "
+                                 f"carry {reachable:.4f} of them.")
         if self.finalize == "shrink":
-            for site in attention_sites(net):
+            for site in live_sites(net, self.units):
                 reason = site.info.name in self.gates.site_names and (site.adapter.shrink_refusal(site)
                                                                       or peft_support.shrink_refusal(site))
                 if reason:
@@ -164,12 +194,18 @@ class HardConcreteCallback(PrunetrainCallback):
             raise ValueError("model: HardConcreteCallback needs the Trainer's model.")
         self.check_engine(model, args)
         net = unwrap_model(model)
-        layout = find_heads(net)
-        check_model_kinds(self.kinds, layout)
-        self.gates = gates_for(net, kinds=self.kinds, init_log_alpha=self.init_log_alpha, seed=self.seed)
+        if self.units is None:  # a budget in multiply-adds gates every unit the model has; the others, heads
+            self.units = supported_units(net) if self.target_flops is not None else ("heads",)
+        check_model_kinds(self.kinds, find_sites(net, self.units))
+        self.gates = gates_for(net, kinds=self.kinds, units=self.units, init_log_alpha=self.init_log_alpha,
+                               seed=self.seed)
         self.gates.owner = self.name  # saves record the gates as this callback's (taken back on resume)
         guard_weight_loading(net)
-        gated = sum(layout[n].num_heads for n in self.gates.site_names)
+        if self.target_flops is not None:
+            self._original_cost = original_cost(net, self.gates.layout)
+            self._fixed_cost = model_cost(net) - sum(self.gates.unit_costs[n] * self.gates.layout[n].num_heads
+                                                     for n in self.gates.site_names)
+        gated = self.gates.gated_count("heads")
         if isinstance(self.target_heads, int) and self.target_heads > gated:
             raise ValueError(f"target_heads: {self.target_heads} is more than the {gated} gated heads.")
         self._refuse_what_cannot_be_exact(net)
@@ -177,7 +213,7 @@ class HardConcreteCallback(PrunetrainCallback):
         if self.start_step == 0:
             self.gates.attach(net)
         self._gate_optimizer = torch.optim.Adam(self.gates.parameters(), lr=self.gate_lr, weight_decay=0.0)
-        if self.target_heads is not None:
+        if self.target_heads is not None or self.target_flops is not None:
             self.lagrangian = LagrangianBudget().to(device_of(net))
             self._lagrangian_optimizer = torch.optim.Adam(self.lagrangian.parameters(), lr=self.lagrangian_lr,
                                                           maximize=True)
@@ -227,12 +263,20 @@ class HardConcreteCallback(PrunetrainCallback):
             self.gates.attach(unwrap_model(model))
             self._log(f"step {state.global_step}: Hard-Concrete gates join training")
 
+    def expected_share_left(self) -> torch.Tensor:
+        """The expected share of the original model's per-token multiply-adds left: (never-gated multiply-adds +
+        Σ_i c_i (1 − P(g_i = 0))) / original multiply-adds (CoFi's expected model size over the full one)."""
+        return (self._fixed_cost + self.gates.expected_cost()) / self._original_cost
+
     def penalty(self) -> torch.Tensor:
-        """The regulariser added to the loss: λ Σ (1 − P(g = 0)), or the Lagrangian budget term."""
+        """The regulariser added to the loss: λ Σ (1 − P(g = 0)), or the Lagrangian budget term (heads, or with
+        `target_flops` the expected share of multiply-adds left against 1 − target_flops)."""
+        if self.target_flops is not None:
+            return self.lagrangian(self.expected_share_left(), 1.0 - self.target_flops)
         expected = self.gates.expected_l0()
         if self.lagrangian is None:
             return self.lam * expected
-        total = sum(self.gates.layout[n].num_heads for n in self.gates.site_names)
+        total = self.gates.gated_count("heads")
         return self.lagrangian(expected / total, self.target_count / total)
 
     def on_optimizer_step(self, args, state, control, **kwargs):
@@ -258,9 +302,16 @@ class HardConcreteCallback(PrunetrainCallback):
             self._lagrangian_optimizer.step()
             self._lagrangian_optimizer.zero_grad(set_to_none=True)
 
-    def log_values(self, expected: float, heads_open: int) -> dict[str, float]:
-        """What joins the Trainer's logs (`LOG_KEYS`): expected L0, penalty, λ (or λ1, λ2), heads open."""
-        values = {"gates/expected_l0": expected, "gates/penalty": self._last_penalty, "gates/heads_open": heads_open}
+    def log_values(self, expected: float, per_kind: dict[str, int]) -> dict[str, float]:
+        """What joins the Trainer's logs (`LOG_KEYS`): expected L0, penalty, λ (or λ1, λ2), heads (and neurons)
+        open, the expected share of multiply-adds left."""
+        values = {"gates/expected_l0": expected, "gates/penalty": self._last_penalty,
+                  "gates/heads_open": sum(v for k, v in per_kind.items() if k not in NEURON_KINDS)}
+        if "neurons" in self.gates.gated_units:
+            values["gates/neurons_open"] = sum(v for k, v in per_kind.items() if k in NEURON_KINDS)
+        if self.target_flops is not None:
+            with torch.no_grad():
+                values["gates/expected_flops_share"] = float(self.expected_share_left())
         if self.lagrangian is None:
             values["gates/lambda"] = float(self.lam)
         else:
@@ -274,7 +325,7 @@ class HardConcreteCallback(PrunetrainCallback):
         with torch.no_grad():
             expected = float(self.gates.expected_l0())
             per_kind = self.gates.open_per_kind()
-        values = self.log_values(expected, sum(per_kind.values()))
+        values = self.log_values(expected, per_kind)
         if logs is not None:  # the console and the callbacks after this one
             logs.update(values)
         if state.log_history and state.log_history[-1].get("step") == state.global_step:
@@ -285,9 +336,13 @@ class HardConcreteCallback(PrunetrainCallback):
                            "penalty": self._last_penalty})
         self._tb_scalar("prunetrain/expected_l0", expected, state.global_step)
         self._tb_scalar("prunetrain/l0_penalty", self._last_penalty, state.global_step)
-        self._tb_scalar("prunetrain/heads_alive_by_step", sum(per_kind.values()), state.global_step)
+        self._tb_scalar("prunetrain/heads_alive_by_step", values["gates/heads_open"], state.global_step)
+        if "gates/neurons_open" in values:
+            self._tb_scalar("prunetrain/neurons_alive_by_step", values["gates/neurons_open"], state.global_step)
+        if "gates/expected_flops_share" in values:
+            self._tb_scalar("prunetrain/expected_flops_share", values["gates/expected_flops_share"], state.global_step)
         for kind, count in per_kind.items():
-            self._tb_scalar(f"prunetrain/heads_alive_by_step/{kind}", count, state.global_step)
+            self._tb_scalar(f"prunetrain/{_unit_word(kind)}_alive_by_step/{kind}", count, state.global_step)
 
     def on_epoch_end(self, args, state, control, **kwargs):
         if not self.gates.attached:  # before start_step
@@ -297,40 +352,59 @@ class HardConcreteCallback(PrunetrainCallback):
             expected = float(self.gates.expected_l0())
             per_kind = self.gates.open_per_kind()
             per_site = {n: self.gates.open_heads(n) for n in self.gates.site_names}
-            prob_open = self.gates.prob_open_matrix()
+            prob_open = self.gates.prob_open_matrix("heads")
+            prob_open_neurons = self.gates.prob_open_matrix("neurons")
         record = {"epoch": epoch, "step": step, "label": label(step, epoch), "whole_epoch": is_whole_epoch(state),
                   "expected_l0": expected, "open_per_kind": per_kind,
                   "open_per_site": per_site, "penalty": self._last_penalty,
-                  "p_open": [[None if math.isnan(v) else v for v in row] for row in prob_open.tolist()]}
+                  "p_open": _rows(prob_open)}
+        if "neurons" in self.gates.gated_units:
+            record["p_open_neurons"] = _rows(prob_open_neurons)
+        if self.target_flops is not None:
+            with torch.no_grad():
+                record["expected_flops_share"] = float(self.expected_share_left())
         if self.lagrangian is not None:
             record["lambda_1"] = float(self.lagrangian.lambda_1.detach())
             record["lambda_2"] = float(self.lagrangian.lambda_2.detach())
         self.history.append(record)
         self._write_json("gates_history.json", self.history)
-        self._tb_scalar("prunetrain/heads_alive", sum(per_kind.values()), step)
+        for word in ("heads", "neurons"):
+            if any(_unit_word(k) == word for k in per_kind):
+                self._tb_scalar(f"prunetrain/{word}_alive", sum(v for k, v in per_kind.items() if _unit_word(k) == word),
+                                step)
         for kind, count in per_kind.items():
-            self._tb_scalar(f"prunetrain/heads_alive/{kind}", count, step)
+            self._tb_scalar(f"prunetrain/{_unit_word(kind)}_alive/{kind}", count, step)
         if self._is_main and self._tb is not None:
-            labels = [f"{self.gates.layout[n].kind}:{self.gates.layout[n].layer}" for n in self.gates.site_names]
-            self._tb_figure("prunetrain/gate_p_open", heatmap_figure(prob_open, labels, f"P(gate open), {label(step, epoch)}",
-                                                                     vmin=0, vmax=1, colorbar_label="1 − P(g=0)"),
-                            step)
+            for unit, matrix, tag in (("heads", prob_open, "gate_p_open"),
+                                      ("neurons", prob_open_neurons, "gate_p_open_neurons")):
+                names = self.gates.sites_of(unit)
+                if names:
+                    labels = [f"{self.gates.layout[n].kind}:{self.gates.layout[n].layer}" for n in names]
+                    title = f"P(gate open){', FFN neurons' if unit == 'neurons' else ''}, {label(step, epoch)}"
+                    self._tb_figure(f"prunetrain/{tag}", heatmap_figure(
+                        matrix, labels, title, vmin=0, vmax=1, colorbar_label="1 − P(g=0)",
+                        xlabel="neuron" if unit == "neurons" else "head"), step)
         self._log(f"{when(state)}: gates open {sum(per_kind.values())} "
-                  f"({', '.join(f'{k} {v}' for k, v in per_kind.items())}), expected L0 {expected:.2f}")
+                  f"({', '.join(f'{k} {v}' for k, v in per_kind.items())}), expected L0 {expected:.2f}"
+                  + (f", expected multiply-adds left {record['expected_flops_share']:.3f}"
+                     if self.target_flops is not None else ""))
         self._flush()
 
     def on_train_end(self, args, state, control, model=None, **kwargs):
         self._write_json("gates_trace.json", self.trace)
         self.unfreeze_parameters()
         if self.gates is not None and self.gates.attached:
-            self.final_mask = self.gates.to_mask(keep=self.budget)
+            self.final_mask = (self.gates.to_flop_mask(unwrap_model(model), self.target_flops)
+                               if self.target_flops is not None else self.gates.to_mask(keep=self.budget))
             if self.constraints is not None:
                 ranks = {s.name: torch.zeros(s.num_heads) for s in self.gates.layout}  # ungated sites: kept whole
                 ranks.update({n: self.gates.head_log_alpha(n).detach().cpu() for n in self.gates.site_names})
                 self.final_mask = apply_constraints(self.final_mask, ranks, self.constraints)
             self._write_json("final_mask.json", self.final_mask.to_dict())  # kept even if the shrink below fails
             self._apply_final_mask(unwrap_model(model))
-            self._log(f"final gates: {self.final_mask.num_kept}/{self.final_mask.num_heads} heads kept "
+            neurons = (f", {self.final_mask.num_kept_neurons}/{self.final_mask.num_neurons} neurons"
+                       if "neurons" in self.final_mask.layout.units else "")
+            self._log(f"final gates: {self.final_mask.num_kept}/{self.final_mask.num_heads} heads{neurons} kept "
                       f"({', '.join(f'{k} {v}' for k, v in self.final_mask.kept_per_kind().items())}) [{self.finalize}]")
         super().on_train_end(args, state, control, **kwargs)
 
@@ -386,6 +460,15 @@ class HardConcreteCallback(PrunetrainCallback):
         optimizer_tensors = {k[len("opt."):]: v for k, v in tensors.items() if k.startswith("opt.")}
         for prefix, optimizer in self._optimizers().items():
             load_optimizer_state(prefix, optimizer, self._pending_steps, optimizer_tensors)
+
+
+def _unit_word(kind: str) -> str:
+    return "neurons" if kind in NEURON_KINDS else "heads"
+
+
+def _rows(matrix: torch.Tensor) -> list[list[float | None]]:
+    """A matrix as JSON rows (NaN as null)."""
+    return [[None if math.isnan(v) else v for v in row] for row in matrix.tolist()]
 
 
 __all__ = ["HardConcreteCallback"]

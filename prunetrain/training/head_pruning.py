@@ -28,6 +28,7 @@ from prunetrain.methods.selection import FLOPS_KEY, is_flop_target, iterative_pr
 from prunetrain.training.base import (check_epochs_fit, check_model_kinds, first_batches, importance_heatmap,
                                       kept_summary, local_share)
 from prunetrain.training.distributed import find_ddp, rebuild_ddp
+from prunetrain.utils.plots import widths_figure
 from prunetrain.training.importance_sample import ImportanceSample
 from prunetrain.training.options import Heads, Importance, Output, Schedule, resolve_options
 from prunetrain.training.points import Plan, Point, amount_decreases, file_label, label, resolve
@@ -371,6 +372,10 @@ class HeadPruningCallback(ScheduledCallback):
                         step)
         if "neurons" in counts_after:
             self._tb_scalar("prunetrain/neurons_alive", counts_after["neurons"], step)
+            ffn = [site for site in self.mask.layout if site.unit == "neurons"]
+            self._tb_figure("prunetrain/ffn_widths", widths_figure(
+                [f"{site.kind}:{site.layer}" for site in ffn], [int((self.mask[site.name] != 0).sum()) for site in ffn],
+                [site.original_num_heads for site in ffn], f"FFN widths, {label(step, epoch)}"), step)
         return self.mask
 
     def shrink_masked(self, model, optimizer, state) -> None:

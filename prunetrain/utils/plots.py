@@ -21,17 +21,35 @@ def pyplot():
 
 
 def heatmap_figure(matrix: torch.Tensor, row_labels: Sequence[str], title: str, *, vmin: float | None = None,
-                   vmax: float | None = None, colorbar_label: str = ""):
-    """Sites × heads heatmap (NaN cells, i.e. heads a site does not have, are blank)."""
+                   vmax: float | None = None, colorbar_label: str = "", xlabel: str = "head"):
+    """Sites × units heatmap (NaN cells, i.e. units a site does not have, are blank); at most 16 inches wide, with
+    a tick per column up to 64 columns (FFN neurons: ticks chosen by matplotlib)."""
     plt = pyplot()
     matrix = matrix.detach().float().cpu().numpy()
-    fig, ax = plt.subplots(figsize=(max(4, 0.45 * matrix.shape[1] + 3), max(2.5, 0.3 * len(row_labels) + 1.2)))
+    fig, ax = plt.subplots(figsize=(min(16, max(4, 0.45 * matrix.shape[1] + 3)),
+                                    max(2.5, 0.3 * len(row_labels) + 1.2)))
     image = ax.imshow(matrix, aspect="auto", cmap="viridis", vmin=vmin, vmax=vmax, interpolation="nearest")
     ax.set_yticks(range(len(row_labels)), labels=row_labels, fontsize=7)
-    ax.set_xticks(range(matrix.shape[1]), labels=[str(i) for i in range(matrix.shape[1])], fontsize=7)
-    ax.set_xlabel("head")
+    if matrix.shape[1] <= 64:
+        ax.set_xticks(range(matrix.shape[1]), labels=[str(i) for i in range(matrix.shape[1])], fontsize=7)
+    ax.set_xlabel(xlabel)
     ax.set_title(title, fontsize=9)
     fig.colorbar(image, ax=ax, label=colorbar_label)
+    fig.tight_layout()
+    return fig
+
+
+def widths_figure(labels: Sequence[str], kept: Sequence[int], original: Sequence[int], title: str):
+    """One bar per FFN site: the neurons it keeps, over a pale bar of its original width."""
+    plt = pyplot()
+    fig, ax = plt.subplots(figsize=(min(16, max(4, 0.35 * len(labels) + 2)), 3.5))
+    positions = range(len(labels))
+    ax.bar(positions, original, color="lightgray", label="original")
+    ax.bar(positions, kept, color="tab:blue", label="kept")
+    ax.set_xticks(list(positions), labels=labels, rotation=60, ha="right", fontsize=7)
+    ax.set_ylabel("FFN width (neurons)")
+    ax.set_title(title, fontsize=9)
+    ax.legend(fontsize=7)
     fig.tight_layout()
     return fig
 

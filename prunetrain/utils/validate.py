@@ -95,6 +95,13 @@ def check_fraction(argument: str, value: Any) -> float:
     return float(value)
 
 
+def check_open_fraction(argument: str, value: Any) -> float:
+    """A float strictly between 0 and 1 (a share that removes something and leaves something)."""
+    if isinstance(value, bool) or not isinstance(value, float) or not 0.0 < value < 1.0:
+        raise ValueError(f"{argument}: {value!r} is not a share in (0, 1); give a float such as 0.5.")
+    return value
+
+
 def check_amount(argument: str, amount: Any) -> int | float:
     """One convention for amounts of heads: a float in [0, 1] is a fraction of the heads, an int >= 0 a count."""
     if isinstance(amount, bool) or not isinstance(amount, (int, float)):

@@ -1,6 +1,7 @@
 """Mid-training shrink under DDP, compared with one process on the same global batches.
 
-python ddp_shrink.py --out DIR --data DIR/multi30k [--callback prune-shrink|gates-shrink|prune-ffn-shrink] [--resume]
+python ddp_shrink.py --out DIR --data DIR/multi30k [--callback prune-shrink|gates-shrink|prune-ffn-shrink|gates-ffn-shrink]
+                     [--resume]
                      [--kill-at-step N]  (rank 0 sends itself SIGKILL at step N: a crash at a known point)
                      [--fsdp]  (TrainingArguments(fsdp="full_shard"), which the Trainer ignores on CPU)
                      [--compile BACKEND]  (TrainingArguments(torch_compile=True, torch_compile_backend=BACKEND))
@@ -54,7 +55,7 @@ def main():
     parser.add_argument("--out", required=True)
     parser.add_argument("--data", required=True)
     parser.add_argument("--callback", default="prune-shrink", choices=["prune-shrink", "gates-shrink",
-                                                                       "prune-ffn-shrink"])
+                                                                       "prune-ffn-shrink", "gates-ffn-shrink"])
     parser.add_argument("--resume", action="store_true")
     parser.add_argument("--kill-at-step", type=int, default=None)
     parser.add_argument("--fsdp", action="store_true", help="TrainingArguments(fsdp='full_shard'): on CPU the "
@@ -75,6 +76,9 @@ def main():
     fixed = [collator([dataset[i] for i in range(j, j + 8)]) for j in (0, 8, 16, 24)]
     if opts.callback == "gates-shrink":
         callback = HardConcreteCallback(target_heads=12, finalize="shrink",
+                                        training=GateTraining(gate_lr=0.1, lagrangian_lr=0.1, init_log_alpha=1.0))
+    elif opts.callback == "gates-ffn-shrink":  # gates on heads and FFN neurons, 30 % of the multiply-adds removed
+        callback = HardConcreteCallback(target_flops=0.3, finalize="shrink",
                                         training=GateTraining(gate_lr=0.1, lagrangian_lr=0.1, init_log_alpha=1.0))
     elif opts.callback == "prune-ffn-shrink":  # heads and FFN neurons to 20 %, then 35 % of the multiply-adds
         callback = HeadPruningCallback(Schedule(at_epochs=[1, 2], prune={1: {"flops": 0.2}, 2: {"flops": 0.35}}),
@@ -97,11 +101,12 @@ def main():
                              processing_class=tokenizer, callbacks=callbacks,
                              compute_loss_func=token_loss)
     trainer.train(resume_from_checkpoint=checkpoint)
-    mask = callback.final_mask if opts.callback == "gates-shrink" else callback.mask
-    layout = find_sites(model) if opts.callback == "prune-ffn-shrink" else find_heads(model)
+    gated = opts.callback.startswith("gates")
+    mask = callback.final_mask if gated else callback.mask
+    layout = find_sites(model) if "ffn" in opts.callback else find_heads(model)
     result = {"mask": mask.to_dict(), "layout": layout.to_dict(), "resumed_from": checkpoint,
               "steps": trainer.state.global_step, "wrapper": type(trainer.model_wrapped).__name__}
-    if opts.callback == "gates-shrink":
+    if gated:
         result["log_alpha"] = {k: v.tolist() for k, v in callback.gates.state_dict().items()}
     (out / f"rank{rank}_result.json").write_text(json.dumps(result))
     save_file({k: v.detach().clone().contiguous() for k, v in model.state_dict().items()},

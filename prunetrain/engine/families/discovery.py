@@ -21,6 +21,8 @@ proven on a probe input before it is trusted.
    A failure is a `ValueError` naming the module and the reason when one is recognised (a per-head tensor built
    outside the site, e.g. ALiBi; a parameter spanning all heads, e.g. a norm across heads; a fused projection in
    neither layout); nothing is registered then.
+   FFN neurons are discovered and proven the same way once the attention is (`discovery_ffn`): an FFN the proof
+   accepts makes the model's neurons prunable (`find_sites`), else the adapter says why they are not.
 3. **Register** (default): `find_heads`, `HeadMask`, `shrink`, importance and the callbacks then work on the model.
    The adapter is pure data (`DiscoveredAdapter.description()`): a pruned directory records it, and `load_pruned`
    (so `prunetrain export`) registers it again in a fresh process.
@@ -97,9 +99,11 @@ def _discover_for_find_heads(model: nn.Module) -> None:
     adapter = discover_adapter(model)
     shapes = "; ".join(f"{p.module_class}: {'/'.join(p.projections)} -> {p.out}, heads from {p.count_from}"
                        for p in adapter.proposals.values())
+    ffn = ("; FFN neurons: " + "; ".join(p.describe() for p in adapter.ffn_proposals) if adapter.ffn_proposals
+           else f"; FFN neurons not prunable: {adapter.ffn_refusal}")
     logging.getLogger("prunetrain").warning(
-        "prunetrain: no adapter names model_type %r; discovered one from its structure (%s) and proved it exact on a "
-        "probe input.", model.config.model_type, shapes)
+        "prunetrain: no adapter names model_type %r; discovered one from its structure (%s%s) and proved it exact on "
+        "a probe input.", model.config.model_type, shapes, ffn)
 
 
 set_discoverer(_discover_for_find_heads)

@@ -53,12 +53,14 @@ class DiscoveredAdapter(LinearAttentionAdapter):
     proposal: Proposal | None = None  # the first (usually only) one
     original: dict[str, int] = {}  # site path -> heads when discovered
     proven: frozenset[str] | None = frozenset()
+    ffn_proposals: tuple = ()  # `discovery_ffn.FfnProposal`s proven beside the attention (their `ffn`)
 
     def description(self) -> dict:
         """Everything that rebuilds this adapter (JSON): recorded in pruned directories."""
         proven = None if self.proven is None else sorted(self.proven)
         return {"model_type": self.model_types[0], "proposals": [p.to_dict() for p in self.proposals.values()],
-                "original_heads": dict(self.original), "proven_configs": proven}
+                "original_heads": dict(self.original), "proven_configs": proven,
+                "ffn": [p.to_dict() for p in self.ffn_proposals], "ffn_refusal": self.ffn_refusal}
 
     def proposal_of(self, module: nn.Module) -> Proposal:
         return next(self.proposals[c] for c in class_names(module) if c in self.proposals)
@@ -80,6 +82,10 @@ class DiscoveredAdapter(LinearAttentionAdapter):
         except BaseException:
             cls.proven = cls.proven - {key}
             raise
+
+    def neuron_sites(self, model: nn.Module) -> list[AttentionSite]:
+        self.ensure_proven(model)
+        return super().neuron_sites(model)
 
     def sites(self, model: nn.Module) -> list[AttentionSite]:
         self.ensure_proven(model)
@@ -160,9 +166,15 @@ class DiscoveredAdapter(LinearAttentionAdapter):
 
 def adapter_from_description(description: dict) -> type[DiscoveredAdapter]:
     """The adapter class a `DiscoveredAdapter.description()` describes (not registered)."""
+    from prunetrain.engine.families.discovery_ffn import FfnProposal
+
     model_type = description["model_type"]
     proposals = {p["module_class"]: Proposal.from_dict(p) for p in description["proposals"]}
+    ffn = tuple(FfnProposal.from_dict(p) for p in description.get("ffn") or ())
+    refusal = description.get("ffn_refusal") or (None if ffn else "the adapter discovered for it records no FFN "
+                                                 "(discovered before prunetrain discovered FFNs: run discovery again)")
     return type(f"Discovered_{model_type}", (DiscoveredAdapter,), {
+        "ffn_proposals": ffn, "ffn": tuple(p.feed_forward() for p in ffn) or None, "ffn_refusal": refusal,
         "name": f"discovered:{model_type}", "model_types": (model_type,), "proposals": proposals,
         "proposal": next(iter(proposals.values())), "module_classes": tuple(proposals),
         "original": dict(description.get("original_heads", {})),

@@ -26,6 +26,7 @@ from torch import nn
 from prunetrain.engine.families.core import _get
 from prunetrain.engine.families.discovery_adapter import (DiscoveredAdapter, adapter_from_description,
                                                           config_fingerprint, set_prover)
+from prunetrain.engine.families.discovery_ffn import prove_ffn
 from prunetrain.engine.families.discovery_propose import Proposal, variants
 
 TOL = 1e-5
@@ -203,6 +204,7 @@ def prove(model: nn.Module, inputs: dict, model_type: str, proposals: list[Propo
         cls.proven = frozenset({config_fingerprint(model)})
         failure = self_check(cls(), perturbed, inputs)
         if failure is None:
+            prove_ffn(cls, model, perturbed, inputs)  # its FFN neurons too, or the reason they cannot go
             return cls
         first = first or (cls, failure)
     cls, (culprit, failure) = first
@@ -227,7 +229,10 @@ def prove_again(adapter: DiscoveredAdapter, model: nn.Module) -> None:
     was_training = model.training
     model.eval()
     try:
-        failure = self_check(adapter, perturbed_copy(model), probe_inputs(model))
+        perturbed, inputs = perturbed_copy(model), probe_inputs(model)
+        failure = self_check(adapter, perturbed, inputs)
+        if failure is None and adapter.ffn is not None:  # the FFN neurons it was proven to prune
+            failure = self_check(adapter.neuron_adapter(), perturbed, inputs)
     except ValueError as err:
         raise ValueError(f"model: the adapter discovered for model_type {model_type!r} was proven on another "
                          f"configuration and cannot be checked on this one ({err}); unregister "
