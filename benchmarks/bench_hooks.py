@@ -11,6 +11,9 @@ Arms, interleaved with the order rotating every round:
             head-importance scoring does).
 - `hard-concrete` (with `--gates`): `prunetrain.methods.gates.HardConcreteGates` attached (Voita et al. 2019): a gate
             sample per head at every forward, log α in the optimizer, loss + λ·expected L0 (λ = 0.01).
+- `guard` (with `--guard`): the plain step with `FiniteGuard`'s check before the optimizer step
+            (`prunetrain.training.finite.all_finite` over every gradient), what a recipe step pays to stop at the
+            first NaN.
 
 Each arm has its own AdamW; since the mask is all ones, the mask arms compute the same numbers as `plain` (the
 gate arm samples gates < 1, so its losses differ; its work is what is compared).
@@ -90,6 +93,7 @@ def main() -> None:
     p.add_argument("--len", type=int, default=32)
     p.add_argument("--grad-mask", action="store_true", help="add the arm with requires_grad keep values")
     p.add_argument("--gates", action="store_true", help="add the Hard-Concrete gate arm")
+    p.add_argument("--guard", action="store_true", help="add the arm with FiniteGuard's gradient check")
     args = p.parse_args()
     machine = C.setup(args)
     C.quiet_transformers()
@@ -111,6 +115,10 @@ def main() -> None:
 
         arms["hard-concrete"] = copy.deepcopy(base)
         gates = gates_for(arms["hard-concrete"]).train().attach(arms["hard-concrete"])
+    if args.guard:
+        from prunetrain.training.finite import all_finite
+
+        arms["guard"] = copy.deepcopy(base)
     optimizers = {k: torch.optim.AdamW(list(m.parameters()) + (list(gates.parameters()) if k == "hard-concrete"
                                                                  else []), lr=1e-4) for k, m in arms.items()}
     autocast = (lambda: torch.autocast("cpu", dtype=torch.bfloat16)) if args.dtype == "bf16" else None
@@ -130,6 +138,8 @@ def main() -> None:
             if name == "hard-concrete":
                 loss = loss + gates.penalty(0.01)
             loss.backward()
+            if name == "guard" and not all_finite([p.grad for p in model.parameters() if p.grad is not None]):
+                raise RuntimeError("the guard found a non-finite gradient")
             opt.step()
             opt.zero_grad(set_to_none=True)
             if mask is not None:
@@ -180,7 +190,7 @@ def main() -> None:
             row["isolated_overhead"] = isolated[row["arm"]]["added_s"] / plain_cpu
     profiles = C.profile_calls("one training step per arm", fns)
     same = all(abs(losses[k][-1] - losses["plain"][-1]) < 1e-4 * abs(losses["plain"][-1])
-               for k in arms if k != "hard-concrete")
+               for k in arms if k != "hard-concrete")  # the guard arm computes the plain step's numbers too
     print(f"\nlast loss per arm: " + ", ".join(f"{k} {v[-1]:.5f}" for k, v in losses.items())
           + (" (mask arms identical to plain: the all-ones mask changes nothing)" if same else " (DIFFER)"))
     payload = {

@@ -12,7 +12,8 @@ Voita et al. (2019):   HardConcreteGates
 Trainer callbacks:     HeadPruningCallback, PruningCurveCallback, HardConcreteCallback, MetricPointsCallback,
                        FlopCooldownCallback, TrainTimeCooldownCallback (TrainTime), DistillationCallback; their
                        options: Schedule (when), Heads (which), Importance (how), Output (where), CurveSweep,
-                       GateTraining; SmoothedCrossEntropy (a Trainer's label-smoothed loss in one kernel)
+                       GateTraining; SmoothedCrossEntropy (a Trainer's label-smoothed loss in one kernel);
+                       FiniteGuard (stops a run at its first non-finite gradient: TrainingDiverged)
 """
 
 from prunetrain.engine.families import FamilyAdapter, FeedForward, register, supported_families
@@ -46,6 +47,7 @@ _LAZY = {
     "TrainTimeCooldownCallback": "prunetrain.training.cooldown", "TrainTime": "prunetrain.training.training_clock",
     "DistillationCallback": "prunetrain.training.distillation",
     "SmoothedCrossEntropy": "prunetrain.training.loss",
+    "FiniteGuard": "prunetrain.training.finite", "TrainingDiverged": "prunetrain.training.finite",
     "Schedule": "prunetrain.training.options", "Heads": "prunetrain.training.options",
     "Importance": "prunetrain.training.options", "Output": "prunetrain.training.options",
     "CurveSweep": "prunetrain.training.options", "GateTraining": "prunetrain.training.options",

@@ -373,7 +373,7 @@ def test_bad_configuration_is_rejected_with_the_argument_named(tmp_path, tiny_mt
         PruningCurveCallback(metric=metric, order="sorted")
     with pytest.raises(ValueError, match=r"lam: -1 is not allowed; expected a finite number >= 0"):
         HardConcreteCallback(lam=-1)
-    with pytest.raises(ValueError, match=r"lam, target_heads: give exactly one"):
+    with pytest.raises(ValueError, match=r"lam, target_heads, target_flops: give exactly one"):
         HardConcreteCallback(lam=0.1, target_heads=4)
     with pytest.raises(ValueError, match=r"target_heads: 1.5 is not a share in \(0, 1\]"):
         HardConcreteCallback(target_heads=1.5)
@@ -445,7 +445,8 @@ def test_killed_and_resumed_run_ends_with_the_same_masks(tmp_path, multi30k_dir,
     if mode == "prune-ffn-mask-shrink":  # heads and FFN neurons shrunk at step 32, resumed on the shrunk model
         assert {"heads", "neurons"} == set(b["layout"]["units"])
         assert a["weights_sum"] == b["weights_sum"]  # the same training to the last bit
-    if mode == "gates":
+    if mode == "gates":  # gates on heads and neurons, their Lagrangian and both optimizers resumed
+        assert any(name.endswith("fc2") for name in a["mask"]["sites"])
         for key in a["log_alpha"]:
             assert torch.allclose(torch.tensor(a["log_alpha"][key]), torch.tensor(b["log_alpha"][key]), atol=1e-5)
 

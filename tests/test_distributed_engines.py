@@ -16,6 +16,7 @@ import torch.distributed as dist
 from transformers import TrainingArguments
 
 from prunetrain.training import HardConcreteCallback, HeadPruningCallback, PruningCurveCallback
+from prunetrain.training.options import Schedule
 from prunetrain.training.distributed import training_engine
 from prunetrain.zoo import tiny_model
 
@@ -52,6 +53,10 @@ def test_deepspeed_zero_1_2_serves_masks_and_refuses_a_shrink(tmp_path, llama):
         _init_end(HeadPruningCallback(mode="shrink"), args, llama)
     with pytest.raises(ValueError, match=r"^HardConcreteCallback\(finalize='shrink'\): not supported under deepspeed"):
         _init_end(HardConcreteCallback(lam=0.1, finalize="shrink"), args, llama)
+    # masks first and a shrink at step 8: the refusal names what the user gave (shrink_steps), not mode='shrink'
+    with pytest.raises(ValueError, match=r"^HeadPruningCallback\(Schedule\(shrink_steps=\[8\]\)\): not supported under "
+                                         r"deepspeed; .*no shrink"):
+        _init_end(HeadPruningCallback(Schedule(at_epochs=[], prune_steps={8: 0.5}, shrink_steps=[8])), args, llama)
 
 
 def test_deepspeed_zero_3_is_refused(tmp_path, llama):

@@ -107,3 +107,16 @@ def test_export_cli_without_an_extra(monkeypatch, capsys, tmp_path, fmt, package
     result = run_main(monkeypatch, capsys, "export", tmp_path / "model", tmp_path / "out", "--format", fmt)
     assert_one_line(result, rf"--format: .*{package.replace('_', '-')}.* is missing: .*{hint}")
     assert not (tmp_path / "out").exists()
+
+
+def test_the_dev_extra_installs_what_the_suite_needs():
+    """`pip install -e .[dev]` then `pytest` runs: the dev extra holds the test extra (pytest-xdist, which the
+    suite's addopts `-n auto` needs, and every package a test imports)."""
+    import tomllib
+    from pathlib import Path
+
+    project = tomllib.loads((Path(__file__).resolve().parents[1] / "pyproject.toml").read_text())
+    extras = project["project"]["optional-dependencies"]
+    assert "prunetrain[test]" in extras["dev"]
+    assert any(req.startswith("pytest-xdist") for req in extras["test"])
+    assert "-n auto" in project["tool"]["pytest"]["ini_options"]["addopts"]

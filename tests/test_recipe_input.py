@@ -588,3 +588,57 @@ def test_a_missing_test_set_is_refused_before_the_run_directory_is_touched(monke
     assert_one_line(run_main(monkeypatch, capsys, "recipe", "wmt-small-deen", "--smoke", "--data-dir", data,
                              "--output", tmp_path / "run"), pattern)
     assert not (tmp_path / "run").exists()
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# records are checked, not trusted: the precision a checkpoint was trained in
+# ---------------------------------------------------------------------------------------------------------------------
+def test_a_measured_run_without_its_precision_record_is_not_resumed(tmp_path):
+    from prunetrain.mt.recipe import load_recipe
+    from prunetrain.mt.run_settings import measured_settings
+
+    recipe = load_recipe("wmt-small-deen", ["train.precision=measure"])
+    (tmp_path / "checkpoint-8").mkdir()
+    with pytest.raises(ValueError, match=r"^--resume: '.*precision_record.json' is missing, but the run has "
+                                         r"checkpoints: it measured its precision and attention when it started"):
+        measured_settings(recipe, None, None, tmp_path, print)
+
+
+def test_a_checkpoint_is_resumed_only_in_the_settings_it_was_trained_in(tmp_path):
+    from prunetrain.mt.run_settings import SETTINGS_IN_CHECKPOINT, check_checkpoint_settings
+
+    checkpoint = tmp_path / "checkpoint-8"
+    checkpoint.mkdir()
+    check_checkpoint_settings(checkpoint, {"precision": "bf16", "attention": "sdpa"}, "x")  # no record: nothing to say
+    (checkpoint / SETTINGS_IN_CHECKPOINT).write_text(json.dumps({"precision": "fp32", "attention": "sdpa"}))
+    check_checkpoint_settings(checkpoint, {"precision": "fp32", "attention": "sdpa"}, "x")
+    with pytest.raises(ValueError, match=r"^--resume: checkpoint-8 was trained with precision 'fp32', but the run "
+                                         r"would go on with 'bf16' \(chosen by precision_record.json\)"):
+        check_checkpoint_settings(checkpoint, {"precision": "bf16", "attention": "sdpa"}, "precision_record.json")
+
+
+@pytest.mark.slow
+def test_a_resume_refuses_a_checkpoint_trained_in_another_precision(smoke_recipe_run, tmp_path, multi30k_dir):
+    """Every checkpoint of a run records the precision and attention it was trained in; a resume that would go on
+    in another one (its record edited, another machine's `auto`) is refused in one line and changes nothing."""
+    from conftest import run_cli
+    from prunetrain.mt.run_settings import SETTINGS_IN_CHECKPOINT
+
+    out, result = smoke_recipe_run
+    assert result.returncode == 0, result.stderr[-3000:]
+    cut = Path(shutil.copytree(out, tmp_path / "cut"))
+    steps = sorted(int(p.name.rsplit("-", 1)[1]) for p in cut.glob("checkpoint-*"))
+    records = [json.loads((cut / f"checkpoint-{s}" / SETTINGS_IN_CHECKPOINT).read_text()) for s in steps]
+    assert len({json.dumps(r) for r in records}) == 1 and records[0]["precision"] in ("bf16", "fp32")
+    for name in ("run_complete.json", "results.json", "report.md"):
+        (cut / name).unlink()
+    other = "fp32" if records[0]["precision"] == "bf16" else "bf16"
+    (cut / f"checkpoint-{steps[-1]}" / SETTINGS_IN_CHECKPOINT).write_text(
+        json.dumps({**records[0], "precision": other}))
+    before = tree(cut)
+    resumed = run_cli("recipe", "wmt-small-deen", "--smoke", "--data-dir", multi30k_dir, "--output", cut, "--resume")
+    assert resumed.returncode == 2, resumed.stderr[-3000:]
+    assert resumed.stderr.strip().splitlines()[-1].startswith(
+        f"prunetrain: error: --resume: checkpoint-{steps[-1]} was trained with precision '{other}', but the run would "
+        f"go on with '{records[0]['precision']}'")
+    assert tree(cut) == before

@@ -48,6 +48,13 @@ def main() -> None:
             raise
         typer.echo(f"prunetrain: error: {_one_line(err)}", err=True)
         sys.exit(2)
+    except RuntimeError as err:  # a run that diverged is no mistake in the input: exit code 1, still one line
+        from prunetrain.training.finite import TrainingDiverged
+
+        if debug or not isinstance(err, TrainingDiverged):
+            raise
+        typer.echo(f"prunetrain: error: {_one_line(err)}", err=True)
+        sys.exit(1)
 
 
 __all__ = ["UserError", "app", "main"]

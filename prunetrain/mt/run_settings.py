@@ -17,6 +17,8 @@ if TYPE_CHECKING:
     from prunetrain.mt.runner import RunInputs
 
 PRECISION_RECORD = "precision_record.json"
+SETTINGS_IN_CHECKPOINT = "prunetrain_run_settings.json"
+"""Written into every checkpoint: the precision and attention the run trained it with (`RunSettingsRecord`)."""
 
 
 def measures_settings(recipe: Recipe) -> bool:
@@ -38,6 +40,10 @@ def measured_settings(recipe: Recipe, model, inputs: RunInputs, out_dir: Path,
     from prunetrain.utils.files import read_json
 
     path = out_dir / PRECISION_RECORD
+    if not path.is_file() and any(out_dir.glob("checkpoint-*")):  # a run that started: its record is gone
+        raise ValueError(f"--resume: {str(path)!r} is missing, but the run has checkpoints: it measured its precision "
+                         f"and attention when it started and cannot go on without that record (put it back, or "
+                         f"start again with --overwrite).")
     if path.is_file():
         record = read_json(path, "--resume")
         if record.get("chosen") not in ("bf16", "fp32"):
@@ -66,3 +72,55 @@ def measured_settings(recipe: Recipe, model, inputs: RunInputs, out_dir: Path,
                  f"{record['attention']} attention")
     model.set_attn_implementation(record["attention"])
     return dataclasses.replace(inputs, bf16=record["chosen"] == "bf16", precision=record)
+
+
+def settings_record(recipe: Recipe, inputs: RunInputs, model, checkpoint=None):
+    """A Trainer callback that writes the precision and attention the run trains with into every checkpoint it
+    saves (rank 0, `SETTINGS_IN_CHECKPOINT`); resuming from `checkpoint`, first refuse to go on in other settings
+    than it was trained with (`check_checkpoint_settings`), whatever the run directory's records say now.
+
+    Args:
+        recipe: the run's recipe.
+        inputs: the run's inputs (`bf16`; `precision`: its `precision_record.json`, None when `train.precision`
+            chose).
+        model: the model about to train (its attention implementation is recorded).
+        checkpoint: the checkpoint the run resumes from (None: a run from the start).
+    """
+    from transformers import TrainerCallback
+
+    settings = {"precision": "bf16" if inputs.bf16 else "fp32", "attention": model.config._attn_implementation}
+    if checkpoint is not None:
+        source = PRECISION_RECORD if inputs.precision is not None else (
+            f"train.precision={recipe.train.precision} and model.attn_implementation="
+            f"{recipe.model.attn_implementation} on this machine")
+        check_checkpoint_settings(Path(checkpoint), settings, source)
+
+    class RunSettingsRecord(TrainerCallback):
+        def on_save(self, args, state, control, **kwargs):
+            if state.is_world_process_zero:
+                path = Path(args.output_dir) / f"checkpoint-{state.global_step}" / SETTINGS_IN_CHECKPOINT
+                path.write_text(json.dumps(settings, indent=1))
+
+    return RunSettingsRecord()
+
+
+def check_checkpoint_settings(checkpoint: Path, settings: dict, source: str) -> None:
+    """Refuse to resume from `checkpoint` in other settings than it was trained with (`SETTINGS_IN_CHECKPOINT`; a
+    checkpoint written before the record has nothing to compare).
+
+    Args:
+        checkpoint: the checkpoint the run resumes from.
+        settings: {"precision": "bf16" | "fp32", "attention": implementation} of the resumed run.
+        source: what chose the resumed run's settings, for the message (e.g. "precision_record.json").
+    """
+    from prunetrain.utils.files import read_json
+
+    path = Path(checkpoint) / SETTINGS_IN_CHECKPOINT
+    if not path.is_file():
+        return
+    saved = read_json(path, "--resume")
+    for key, value in settings.items():
+        if saved.get(key) != value:
+            raise ValueError(f"--resume: {Path(checkpoint).name} was trained with {key} {saved.get(key)!r}, but the "
+                             f"run would go on with {value!r} (chosen by {source}); a resume goes on as the run "
+                             f"started (put its record back, or start again with --overwrite).")

@@ -27,7 +27,7 @@ from prunetrain.mt.init_architecture import apply_initial_architecture
 from prunetrain.mt.preflight import check_flop_budget, check_initial_architecture, check_tokenizer_record, \
     merged_flop_points
 from prunetrain.mt.recipe import Recipe, original_heads_of
-from prunetrain.mt.run_settings import measured_settings, measures_settings
+from prunetrain.mt.run_settings import measured_settings, measures_settings, settings_record
 from prunetrain.mt.eval_sets import load_test_sets, points_metric, score_final_sets, strip_translations, \
     write_final_translations, write_test_translations
 from prunetrain.mt.report import write_report
@@ -36,7 +36,7 @@ from prunetrain.mt.run_dir import mark_complete, prepare_output_dir
 from prunetrain.mt.run_record import data_record, recipe_inputs, with_data_dir
 from prunetrain.mt.starting import check_trained_models, distillation_callback, distillation_record, \
     distilled_loss, load_starting_model, run_tokenizer_dir
-from prunetrain.mt.training_setup import train_seq2seq, training_args
+from prunetrain.mt.training_setup import finite_guard, train_seq2seq, training_args
 from prunetrain.training.time_cap import TimeCapCallback
 from prunetrain.utils.device import use_bf16
 from prunetrain.utils.files import read_json
@@ -183,7 +183,8 @@ def make_callbacks(recipe: Recipe, inputs: RunInputs, model_config=None) -> tupl
     schedule = Schedule(at_epochs=epochs, at_steps=p.importance_steps, prune=None if l0 else prune,
                         prune_steps=None if l0 else prune_steps, shrink_steps=() if l0 else p.shrink_steps)
     distill = distillation_callback(recipe, model_config) if recipe.distill.enabled else None
-    callbacks = [clock] + ([distill] if distill else [])  # the teacher is copied before any head is masked
+    # a diverged run stops at once; the teacher is copied before any head is masked
+    callbacks = [finite_guard(recipe), clock] + ([distill] if distill else [])
     callbacks.append(HeadPruningCallback(schedule, heads=heads, importance=importance, mode=p.mode))
     if l0:
         gates = GateTraining(gate_lr=p.l0_gate_lr, lagrangian_lr=p.l0_lagrangian_lr,
@@ -228,6 +229,8 @@ def train(recipe: Recipe, model, inputs: RunInputs, out_dir: Path, callbacks: li
         if checkpoint is None:
             raise ValueError(f"--resume: {str(out_dir)!r} has no complete checkpoint-* directory (the Trainer's "
                              f"state and every callback's) to resume from.")
+    callbacks = [*callbacks, settings_record(recipe, inputs, model, checkpoint)]  # checked, then recorded
+    if checkpoint is not None:
         restore_layout(model, checkpoint)
     trained = train_seq2seq(model, args, inputs.train_set, inputs.tokenizer, callbacks, checkpoint, loss).model
     return trained, (None if checkpoint is None else checkpoint_step(checkpoint))

@@ -51,6 +51,16 @@ def training_args(output_dir: str | Path, **settings):
     return Seq2SeqTrainingArguments(output_dir=str(output_dir), **(shared | settings))
 
 
+def finite_guard(recipe):
+    """The recipe's `FiniteGuard`, naming the settings a diverged run most likely needs changed."""
+    from prunetrain.training.finite import FiniteGuard
+
+    t, d = recipe.train, recipe.distill
+    hint = f"train.learning_rate={t.learning_rate:g}, train.max_grad_norm={t.max_grad_norm:g}"
+    return FiniteGuard(hint + (f", distill.temperature={d.temperature:g}, distill.alpha={d.alpha:g}" if d.enabled
+                               else ""))
+
+
 def train_seq2seq(model, args, train_set, tokenizer, callbacks=(), resume_from_checkpoint=None,
                   compute_loss_func=None):
     """Build the recipes' `Seq2SeqTrainer` (the project's collator, the tokenizer as processing class) and train.
@@ -63,14 +73,18 @@ def train_seq2seq(model, args, train_set, tokenizer, callbacks=(), resume_from_c
     the model's own `forward` is put back too. `compute_loss_func` is the Trainer's (e.g. `prunetrain.mt.ranks`'s
     loss over the whole step's tokens under torchrun); where none is given and `args.label_smoothing_factor` > 0 it
     is `SmoothedCrossEntropy` (the loss transformers' `LabelSmoother` computes, in one fused kernel: 8–11 % off the
-    recipe's bf16 step, `prunetrain.training.loss`). Returns the trainer.
+    recipe's bf16 step, `prunetrain.training.loss`). A `FiniteGuard` joins the callbacks unless they have one: a
+    non-finite gradient stops training with `TrainingDiverged` before any weight takes it. Returns the trainer.
     """
     from transformers import Seq2SeqTrainer
 
     from prunetrain.mt.data import make_collator
+    from prunetrain.training.finite import FiniteGuard
     from prunetrain.training.loss import trainer_loss
 
     compute_loss_func = trainer_loss(args.label_smoothing_factor, compute_loss_func)
+    if not any(isinstance(c, FiniteGuard) for c in callbacks):  # a diverged run stops (one line), never "complete"
+        callbacks = [FiniteGuard(), *callbacks]
     config = getattr(model, "config", None)
     use_cache = getattr(config, "use_cache", None)
     trainer = Seq2SeqTrainer(model=model, args=args, train_dataset=train_set,

@@ -111,8 +111,8 @@ class HardConcreteCallback(PrunetrainCallback):
                              f"leave them unset.")
         self.constraints = self.heads.constraints
         if sum(x is not None for x in (lam, target_heads, target_flops)) != 1:
-            raise ValueError(f"lam, target_heads, target_flops: give exactly one (a penalty weight λ, a head budget or "
-                             f"a share of multiply-adds), got lam={lam!r}, target_heads={target_heads!r}, "
+            raise ValueError(f"lam, target_heads, target_flops: give exactly one (a penalty weight λ, a head budget "
+                             f"or a share of multiply-adds), got lam={lam!r}, target_heads={target_heads!r}, "
                              f"target_flops={target_flops!r}.")
         if target_flops is not None:
             check_open_fraction("target_flops", target_flops)
@@ -370,8 +370,8 @@ class HardConcreteCallback(PrunetrainCallback):
         self._write_json("gates_history.json", self.history)
         for word in ("heads", "neurons"):
             if any(_unit_word(k) == word for k in per_kind):
-                self._tb_scalar(f"prunetrain/{word}_alive", sum(v for k, v in per_kind.items() if _unit_word(k) == word),
-                                step)
+                alive = sum(v for k, v in per_kind.items() if _unit_word(k) == word)
+                self._tb_scalar(f"prunetrain/{word}_alive", alive, step)
         for kind, count in per_kind.items():
             self._tb_scalar(f"prunetrain/{_unit_word(kind)}_alive/{kind}", count, step)
         if self._is_main and self._tb is not None:
@@ -404,8 +404,9 @@ class HardConcreteCallback(PrunetrainCallback):
             self._apply_final_mask(unwrap_model(model))
             neurons = (f", {self.final_mask.num_kept_neurons}/{self.final_mask.num_neurons} neurons"
                        if "neurons" in self.final_mask.layout.units else "")
+            kept = ", ".join(f"{k} {v}" for k, v in self.final_mask.kept_per_kind().items())
             self._log(f"final gates: {self.final_mask.num_kept}/{self.final_mask.num_heads} heads{neurons} kept "
-                      f"({', '.join(f'{k} {v}' for k, v in self.final_mask.kept_per_kind().items())}) [{self.finalize}]")
+                      f"({kept}) [{self.finalize}]")
         super().on_train_end(args, state, control, **kwargs)
 
     def _apply_final_mask(self, net: nn.Module) -> None:

@@ -193,8 +193,11 @@ class HeadPruningCallback(ScheduledCallback):
 
     def engine_requirements(self) -> list[tuple[str, tuple[str, ...]]]:
         needs = super().engine_requirements()
-        if self.mode == "shrink" or self._shrink_steps:
+        if self.mode == "shrink":
             needs.append(("HeadPruningCallback(mode='shrink')", ("single", "ddp", "fsdp2")))
+        elif self._shrink_steps:  # named as the user gave it: masks, then a shrink at these steps
+            needs.append((f"HeadPruningCallback(Schedule(shrink_steps={sorted(self._shrink_steps)!r}))",
+                          ("single", "ddp", "fsdp2")))
         return needs
 
     def on_train_begin(self, args, state, control, model=None, train_dataloader=None, **kwargs):

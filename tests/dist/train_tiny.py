@@ -41,8 +41,8 @@ def main():
     dataset = build_dataset(pairs, tokenizer, max_length=24)
     collator = make_collator(tokenizer, model)
     fixed = [collator([dataset[i] for i in range(j, j + 16)]) for j in (0, 16, 32, 48)]
-    if opts.callback == "gates":
-        callback = HardConcreteCallback(lam=0.02, training=GateTraining(gate_lr=0.2), finalize="mask")
+    if opts.callback == "gates":  # heads and FFN neurons gated to remove 30 % of the multiply-adds (a Lagrangian)
+        callback = HardConcreteCallback(target_flops=0.3, training=GateTraining(gate_lr=0.2), finalize="mask")
     elif opts.callback == "prune-ffn-mask-shrink":  # heads and FFN neurons: FLOP targets, shrunk at step 32
         callback = HeadPruningCallback(Schedule(at_epochs=[1], prune_steps={16: {"flops": 0.15}, 32: {"flops": 0.3},
                                                                             48: {"flops": 0.4}}, shrink_steps=[32]),

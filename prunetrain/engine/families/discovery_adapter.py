@@ -13,6 +13,7 @@ from torch import nn
 from prunetrain.engine.families.core import (LinearAttentionAdapter, _get, _layer_index, _set,
                                              class_names, define_headless, head_rows, select_linear_in,
                                              select_linear_out, switch_class)
+from prunetrain.engine.families.discovery_ffn import FfnProposal
 from prunetrain.engine.families.discovery_propose import Proposal, _has
 from prunetrain.engine.heads import AttentionSite, HeadSite
 
@@ -166,8 +167,6 @@ class DiscoveredAdapter(LinearAttentionAdapter):
 
 def adapter_from_description(description: dict) -> type[DiscoveredAdapter]:
     """The adapter class a `DiscoveredAdapter.description()` describes (not registered)."""
-    from prunetrain.engine.families.discovery_ffn import FfnProposal
-
     model_type = description["model_type"]
     proposals = {p["module_class"]: Proposal.from_dict(p) for p in description["proposals"]}
     ffn = tuple(FfnProposal.from_dict(p) for p in description.get("ffn") or ())

@@ -13,6 +13,9 @@ Otherwise it raises one `ValueError` naming the first site that fails on its own
 a per-head tensor the model builds outside the site for all its heads (ALiBi position biases: Bloom, MPT), a
 parameter of the site spanning all heads (a norm across heads: OLMoE), a fused projection laid out neither as
 `[q | k | v]` nor per head (CodeGen's model-parallel blocks).
+
+`prove_ffn` runs the same self-check for the FFN neurons `discovery_ffn.propose_ffn` proposes, once the attention is
+proven, and gives the adapter its `ffn` or the reason it has none.
 """
 
 from __future__ import annotations
@@ -26,7 +29,7 @@ from torch import nn
 from prunetrain.engine.families.core import _get
 from prunetrain.engine.families.discovery_adapter import (DiscoveredAdapter, adapter_from_description,
                                                           config_fingerprint, set_prover)
-from prunetrain.engine.families.discovery_ffn import prove_ffn
+from prunetrain.engine.families.discovery_ffn import propose_ffn
 from prunetrain.engine.families.discovery_propose import Proposal, variants
 
 TOL = 1e-5
@@ -190,6 +193,29 @@ def reason(adapter: DiscoveredAdapter, perturbed: nn.Module, inputs: dict, culpr
             return (f"its submodule {module_path!r} ({type(module).__name__}) is built for {heads} heads "
                     f"({counted[0]}={heads}), which discovery does not know how to cut with them")
     return None
+
+
+def prove_ffn(adapter_cls: type, model: nn.Module, perturbed: nn.Module, inputs: dict) -> None:
+    """Propose and prove `model`'s FFNs for the discovered adapter class `adapter_cls` (its attention proven):
+    sets `ffn_proposals` and `ffn` when they pass the self-check, else `ffn_refusal` (`discovery_ffn`'s docstring)."""
+    attention = [site.module for site in adapter_cls().sites(model)]
+    try:
+        proposals = propose_ffn(model, inputs, attention)
+    except ValueError as err:
+        adapter_cls.ffn_refusal = str(err).removeprefix("model: ")
+        return
+    if not proposals:
+        adapter_cls.ffn_refusal = ("discovery found no FFN in it (up projections d -> w run right before a down "
+                                   "projection w -> d, outside the attention sites)")
+        return
+    adapter_cls.ffn_proposals = tuple(proposals)
+    adapter_cls.ffn, adapter_cls.ffn_refusal = tuple(p.feed_forward() for p in proposals), None
+    failure = self_check(adapter_cls().neuron_adapter(), perturbed, inputs)
+    if failure is not None:
+        site, what = failure
+        adapter_cls.ffn_proposals, adapter_cls.ffn = (), None
+        adapter_cls.ffn_refusal = (f"discovery found its FFNs ({'; '.join(p.describe() for p in proposals)}) but "
+                                   f"the FFN at {site!r} failed the self-check ({what.replace('head', 'neuron')})")
 
 
 def prove(model: nn.Module, inputs: dict, model_type: str, proposals: list[Proposal], heads: dict[str, int]) -> type:

@@ -6,10 +6,10 @@
    host is the innermost module holding its up and down projections (the MLP module, or the layer for BERT's
    `intermediate.dense` → `output.dense`); one `FfnProposal` per host class, whose integer attributes equal to `w` on
    the way to the projections (`intermediate_size`, ...) are rewritten by a shrink.
-2. **Prove** (`prove_ffn`): on the perturbed copy the attention proof uses, an all-ones neuron mask on the down
-   projection's input leaves the output bit-identical, and masked == shrunk (≤ 1e-5) for a random neuron mask and
-   with one FFN emptied — so whatever runs between the up and the down projections acts neuron by neuron (an
-   activation, a gate's product), never across neurons (a norm over the FFN's hidden features fails here).
+2. **Prove** (`discovery_check.prove_ffn`): on the perturbed copy the attention proof uses, an all-ones neuron mask
+   on the down projection's input leaves the output bit-identical, and masked == shrunk (≤ 1e-5) for a random
+   neuron mask and with one FFN emptied — so whatever runs between the up and the down projections acts neuron by
+   neuron (an activation, a gate's product), never across neurons (a norm over the FFN's hidden features fails).
 3. The proven proposals become the discovered adapter's `ffn` (`FeedForward`s), recorded in its description, so a
    pruned directory rebuilds them; when no FFN is found or the proof fails, the adapter's `ffn_refusal` says which
    and why, and its heads stay prunable.
@@ -144,29 +144,4 @@ def propose_ffn(model: nn.Module, inputs: dict, attention_modules: list[nn.Modul
     return list(by_class.values())
 
 
-def prove_ffn(adapter_cls: type, model: nn.Module, perturbed: nn.Module, inputs: dict) -> None:
-    """Propose and prove `model`'s FFNs for the discovered adapter class `adapter_cls` (its attention proven):
-    sets `ffn_proposals` and `ffn` when they pass the self-check, else `ffn_refusal` (module docstring)."""
-    from prunetrain.engine.families.discovery_check import self_check
-
-    attention = [site.module for site in adapter_cls().sites(model)]
-    try:
-        proposals = propose_ffn(model, inputs, attention)
-    except ValueError as err:
-        adapter_cls.ffn_refusal = str(err).removeprefix("model: ")
-        return
-    if not proposals:
-        adapter_cls.ffn_refusal = ("discovery found no FFN in it (up projections d -> w run right before a down "
-                                   "projection w -> d, outside the attention sites)")
-        return
-    adapter_cls.ffn_proposals = tuple(proposals)
-    adapter_cls.ffn, adapter_cls.ffn_refusal = tuple(p.feed_forward() for p in proposals), None
-    failure = self_check(adapter_cls().neuron_adapter(), perturbed, inputs)
-    if failure is not None:
-        site, what = failure
-        adapter_cls.ffn_proposals, adapter_cls.ffn = (), None
-        adapter_cls.ffn_refusal = (f"discovery found its FFNs ({'; '.join(p.describe() for p in proposals)}) but "
-                                   f"the FFN at {site!r} failed the self-check ({what.replace('head', 'neuron')})")
-
-
-__all__ = ["FfnProposal", "propose_ffn", "prove_ffn"]
+__all__ = ["FfnProposal", "propose_ffn"]
