@@ -30,6 +30,9 @@ Take the numbers alone on the machine (interleaved rounds, same threads for both
 
     python benchmarks/bench_ctranslate2.py --threads 2 --wait-idle 600     # benchmarks/results/ctranslate2.json
     python benchmarks/bench_ctranslate2.py --quick                          # smoke run (200 sentences, 1 round)
+
+`--profile-pytorch N` instead profiles PyTorch's `generate` on N batches per arm (one call each under torch.profiler,
+greedy and beam 4): how its time splits into matmuls and the rest, to show what does not shrink with the model.
 """
 
 from __future__ import annotations
@@ -147,6 +150,36 @@ def time_one(args, engine: str, model_dir: Path, ct2_dir: Path) -> dict[int, flo
     return seconds
 
 
+def profile_pytorch(args, env: dict, threads: int, models: dict, encoded: list) -> None:
+    """One profiled `generate` call per arm and beam size on `--profile-pytorch` batches: matmul time against the
+    rest, and each arm's ratio to the full model's, written as JSON."""
+    torch.set_num_threads(threads)
+    batches = encoded[: args.profile_pytorch]
+    out = {}
+    for beams in (1, 4):
+        calls = {name: (lambda m=model, b=beams: torch_translate(m, batches, b, args.length))
+                 for name, (model, _) in models.items()}
+        for fn in calls.values():
+            fn()  # warm-up
+        out[beams] = C.profile_calls(f"PyTorch generate, beam {beams}, {len(batches)} batches of {args.batch_size}",
+                                     calls)
+        full = out[beams]["full"]
+        for name, breakdown in out[beams].items():
+            matmul = breakdown["categories"]["matmul"]
+            rest = breakdown["wall_s"] - matmul
+            full_rest = full["wall_s"] - full["categories"]["matmul"]
+            top = ", ".join(f"{o['op']} {o['self_s']:.3f}" for o in breakdown["top_ops"][:6])
+            print(f"beam {beams} {name}: wall {breakdown['wall_s']:.3f} s (full / this "
+                  f"{full['wall_s'] / breakdown['wall_s']:.2f}), "
+                  f"matmul {matmul:.3f} s (full / this {full['categories']['matmul'] / matmul:.2f}), the rest "
+                  f"{rest:.3f} s (full / this {full_rest / rest:.2f}, {rest / breakdown['wall_s']:.0%} of the call); "
+                  f"top ops: {top}")
+    C.write_json(C.output_path(args, "ctranslate2_profile_pytorch"), {
+        "command": C.command_line(), **env, "threads": threads, "batch_size": args.batch_size,
+        "length": args.length, "batches": len(batches), "torch": torch.__version__,
+        "profiles": {str(beams): value for beams, value in out.items()}})
+
+
 def main():
     p = C.parser(__doc__.splitlines()[0], repeats=5)
     p.add_argument("--batch-size", type=int, default=32, help="sentences per batch (default 32)")
@@ -155,6 +188,8 @@ def main():
     p.add_argument("--arms", type=lambda text: text.split(","), default=None,
                    help="comma-separated arms to time (default: all; full is always timed)")
     p.add_argument("--one", nargs=3, metavar=("ENGINE", "MODEL", "CT2_DIR"), help=argparse.SUPPRESS)
+    p.add_argument("--profile-pytorch", type=int, default=0, metavar="BATCHES",
+                   help="profile PyTorch generate on this many batches per arm instead of timing the engines")
     args = p.parse_args()
     if args.quick:
         args.sentences = 200
@@ -178,8 +213,11 @@ def main():
     models = arms(MarianMTModel(marian_config(tokenizer, attn_implementation="sdpa")).eval())
     chosen = ["full"] + [name for name in models if name != "full" and (args.arms is None or name in args.arms)]
     models = {name: models[name] for name in chosen}
-    work = Path(tempfile.mkdtemp(prefix="bench-ct2-"))
     encoded = torch_batches(tokenizer, sources, args.batch_size)
+    if args.profile_pytorch:
+        profile_pytorch(args, env, threads, models, encoded)
+        return
+    work = Path(tempfile.mkdtemp(prefix="bench-ct2-"))
     rows = {}
     for name, (model, executed) in models.items():
         saved = save_translation_model(model, tokenizer, work / name)
