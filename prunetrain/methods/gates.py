@@ -40,7 +40,7 @@ from typing import Iterable
 import torch
 from torch import nn
 
-from prunetrain.engine.heads import (KINDS, NEURON_KINDS, HeadLayout, check_units, find_sites, live_sites,
+from prunetrain.engine.heads import (KINDS, NEURON_KINDS, UNITS, HeadLayout, check_units, find_sites, live_sites,
                                      unwrap_model)
 from prunetrain.engine.mask import HeadMask, register_scaler, scale_heads, unregister_scaler
 from prunetrain.engine.peft_support import PlacedHook, module_slots, place_hook
@@ -147,13 +147,11 @@ class HardConcreteGates(nn.Module):
     @property
     def gated_units(self) -> tuple[str, ...]:
         """The units the gates cover: "heads", "neurons" or both."""
-        kinds = {self.layout[n].kind for n in self.site_names}
-        return tuple(u for u, group in (("heads", KINDS), ("neurons", NEURON_KINDS)) if kinds & set(group))
+        return tuple(u for u in UNITS if self.sites_of(u))
 
     def gated_count(self, unit: str = "heads") -> int:
         """The number of gated units of `unit` ("heads" or "neurons")."""
-        group = KINDS if unit == "heads" else NEURON_KINDS
-        return sum(self.layout[n].num_heads for n in self.site_names if self.layout[n].kind in group)
+        return sum(self.layout[n].num_heads for n in self.sites_of(unit))
 
     def penalty(self, lam: float) -> torch.Tensor:
         """Voita et al. (2019) eq. (6) regulariser λ Σ_i (1 − P(g_i = 0))."""
@@ -286,8 +284,7 @@ class HardConcreteGates(nn.Module):
 
     def sites_of(self, unit: str = "heads") -> list[str]:
         """The gated sites of `unit` ("heads" or "neurons"), in layout order."""
-        group = KINDS if unit == "heads" else NEURON_KINDS
-        return [n for n in self.site_names if self.layout[n].kind in group]
+        return [n for n in self.site_names if self.layout[n].unit == unit]
 
     def prob_open_matrix(self, unit: str = "heads") -> torch.Tensor:
         """1 − P(g = 0) as a [gated sites of `unit`, max units] matrix (NaN where a site has fewer units), for

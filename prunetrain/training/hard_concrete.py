@@ -14,7 +14,7 @@ import torch.distributed as dist
 from torch import nn
 
 from prunetrain.engine import peft_support
-from prunetrain.engine.heads import NEURON_KINDS, find_sites, live_sites, supported_units, unwrap_model
+from prunetrain.engine.heads import NEURON_KINDS, find_sites, live_sites, supported_units, unit_of, unwrap_model
 from prunetrain.engine.mask import HeadMask, release_saved_masks
 from prunetrain.engine.remote_code import mark_pruned
 from prunetrain.engine.shrink import shrink
@@ -342,7 +342,7 @@ class HardConcreteCallback(PrunetrainCallback):
         if "gates/expected_flops_share" in values:
             self._tb_scalar("prunetrain/expected_flops_share", values["gates/expected_flops_share"], state.global_step)
         for kind, count in per_kind.items():
-            self._tb_scalar(f"prunetrain/{_unit_word(kind)}_alive_by_step/{kind}", count, state.global_step)
+            self._tb_scalar(f"prunetrain/{unit_of(kind)}_alive_by_step/{kind}", count, state.global_step)
 
     def on_epoch_end(self, args, state, control, **kwargs):
         if not self.gates.attached:  # before start_step
@@ -369,11 +369,11 @@ class HardConcreteCallback(PrunetrainCallback):
         self.history.append(record)
         self._write_json("gates_history.json", self.history)
         for word in ("heads", "neurons"):
-            if any(_unit_word(k) == word for k in per_kind):
-                alive = sum(v for k, v in per_kind.items() if _unit_word(k) == word)
+            if any(unit_of(k) == word for k in per_kind):
+                alive = sum(v for k, v in per_kind.items() if unit_of(k) == word)
                 self._tb_scalar(f"prunetrain/{word}_alive", alive, step)
         for kind, count in per_kind.items():
-            self._tb_scalar(f"prunetrain/{_unit_word(kind)}_alive/{kind}", count, step)
+            self._tb_scalar(f"prunetrain/{unit_of(kind)}_alive/{kind}", count, step)
         if self._is_main and self._tb is not None:
             for unit, matrix, tag in (("heads", prob_open, "gate_p_open"),
                                       ("neurons", prob_open_neurons, "gate_p_open_neurons")):
@@ -461,10 +461,6 @@ class HardConcreteCallback(PrunetrainCallback):
         optimizer_tensors = {k[len("opt."):]: v for k, v in tensors.items() if k.startswith("opt.")}
         for prefix, optimizer in self._optimizers().items():
             load_optimizer_state(prefix, optimizer, self._pending_steps, optimizer_tensors)
-
-
-def _unit_word(kind: str) -> str:
-    return "neurons" if kind in NEURON_KINDS else "heads"
 
 
 def _rows(matrix: torch.Tensor) -> list[list[float | None]]:
