@@ -17,11 +17,14 @@ import torch
 
 import prunetrain as pt
 
-README = Path(__file__).resolve().parents[1] / "README.md"
+ROOT = Path(__file__).resolve().parents[1]
+PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]  # the examples moved to the docs' pages
 
 
 def python_blocks() -> list[str]:
-    return re.findall(r"```python\n(.*?)```", README.read_text(encoding="utf-8"), flags=re.S)
+    """The blocks marked `<!-- docs-test: test_readme -->` (left to this file by tests/test_docs.py)."""
+    return [b for page in PAGES for b in re.findall(r"<!-- docs-test: test_readme -->\n```python\n(.*?)```",
+                                                    page.read_text(encoding="utf-8"), flags=re.S)]
 
 
 def block(containing: str) -> str:
@@ -32,7 +35,7 @@ def block(containing: str) -> str:
 
 def test_every_python_block_is_exercised():
     blocks = python_blocks()
-    assert len(blocks) == 4, "a new README python block needs a namespace and checks in tests/test_readme.py"
+    assert len(blocks) == 4, "a new block marked docs-test: test_readme needs a namespace and checks here"
     assert all(any(key in b for key in ("Seq2SeqTrainer(", "pt.find_heads(", "pt.find_sites(")) for b in blocks)
 
 
@@ -82,7 +85,7 @@ def _trainer_namespace(tmp_path, multi30k_dir, eval_name: str, eval_split: str, 
     tokenizer and collator, training arguments (`schedule`: epochs or max_steps) and 4 evaluation pairs."""
     from transformers import MarianMTModel, Seq2SeqTrainer, Seq2SeqTrainingArguments
 
-    from prunetrain.mt.data import build_dataset, make_collator, marian_config, read_parallel, train_tokenizer
+    from prunetrain.mt.text.data import build_dataset, make_collator, marian_config, read_parallel, train_tokenizer
 
     pairs = read_parallel(multi30k_dir, "train", limit=32)
     tok = train_tokenizer(pairs, vocab_size=300)
