@@ -26,6 +26,16 @@
 #   l0                   Hard-Concrete gates with a 36-head budget from step 600, shrunk at the end (Voita §6)
 #   late                 later (800/1000/1200/1400)
 #   per-kind             the gradual schedule with Voita's order: 6 encoder-self, 12 decoder-self, 18 cross heads kept
+# The fast model's arms (recipe wmt-small-deen-fast, heads and FFN neurons; fixed before any run with the rule that
+# chooses among them in recipes/wmt-small-deen-fast.md; scripts/fast_study.sh runs them):
+#   fast-h36-f50-early   the fast recipe as it is: 75 % of the heads and 50 % of the FFN neurons masked at steps
+#                        100/200/300 (heads 25/50/75 %, neurons 25/50 %), shrinks at 200/300
+#   fast-h36-f75-early   the same with 75 % of the FFN neurons (25/50/75 % at 100/200/300)
+#   fast-f50-early       50 % of the FFN neurons only (25/50 % at 100/200, shrink at 200), every head kept
+#   fast-h36-f50         the main recipe's timing: heads 25/50/62.5/75 % at 200/300/400/500, neurons 25/50 % at
+#                        200/300, shrinks at 300/500
+#   fast-h36-f75         the same with neurons 25/50/75 % at 200/300/400
+#   fast-f50             neurons only, 25/50 % at 200/300, shrink at 300
 # SCRATCH_FROM (default gradual) names the arm whose final architecture the scratch arm trains; another arm than
 # gradual is kept as scratch-of-ARM-sSEED (SCRATCH_FROM=early: the default's architecture from scratch).
 # COOLDOWN=SHARE runs the arm with the learning-rate cooldown over the last SHARE of the FLOP budget (`train.cooldown`;
@@ -40,8 +50,8 @@
 # PRECISION=bf16|fp32|measure sets train.precision (default the recipe's auto: bf16 autocast where the hardware has
 # it); another than auto is kept as ARM[-cooldown][-timeMmin]-PRECISION-sSEED (an equal-time run on a machine where
 # fp32 steps faster than bf16: PRECISION=measure; the run records what it measured and chose).
-# MAX_MINUTES=M sets the wall-time guard (train.max_minutes, default the recipe's 60): a slower machine needs a
-# longer one to finish a run, which a guard that fires would cut (a resume may change it).
+# MAX_MINUTES=M sets a wall-time guard (train.max_minutes; the recipes have none): a slower machine needs a longer
+# one to finish a run, which a guard that fires would cut (a resume may change it).
 # RESUME=1 continues an interrupted run of the arm (`prunetrain recipe --resume`; its minutes then count only the
 # resumed part).
 # STUDY=NAME (default study) puts the run in checkpoints/NAME/ and keeps it in recipes/results/wmt-small-deen-NAME/
@@ -79,7 +89,24 @@ off=(--set 'pruning.schedule_steps={}' --set 'pruning.shrink_steps=[]')
 small_steps=(--set 'pruning.schedule_steps={300: 0.125, 400: 0.25, 500: 0.375, 600: 0.5, 700: 0.625, 800: 0.75}'
              --set 'pruning.shrink_steps=[400, 600, 800]')
 gradual=(--set 'pruning.schedule_steps={400: 0.25, 600: 0.5, 800: 0.625, 1000: 0.75}' --set 'pruning.shrink_steps=[600, 1000]')
+recipe=wmt-small-deen
+heads_default=(--set 'pruning.schedule_steps={200: 0.25, 300: 0.5, 400: 0.625, 500: 0.75}')
+no_heads=(--set 'pruning.schedule_steps={}')
+case "$arm" in  # the fast arms, and the architecture of one trained from scratch, run the fast recipe
+  fast-*) recipe=wmt-small-deen-fast ;;
+  scratch) [[ "${SCRATCH_FROM:-}" == fast-* ]] && recipe=wmt-small-deen-fast
+           off+=(--set 'pruning.ffn_schedule_steps={}') ;;
+esac
 case "$arm" in
+  fast-h36-f50-early) sets=() ;;
+  fast-h36-f75-early) sets=(--set 'pruning.ffn_schedule_steps={100: 0.25, 200: 0.5, 300: 0.75}') ;;
+  fast-f50-early) sets=("${no_heads[@]}" --set 'pruning.shrink_steps=[200]') ;;
+  fast-h36-f50) sets=("${heads_default[@]}" --set 'pruning.ffn_schedule_steps={200: 0.25, 300: 0.5}'
+                      --set 'pruning.shrink_steps=[300, 500]') ;;
+  fast-h36-f75) sets=("${heads_default[@]}" --set 'pruning.ffn_schedule_steps={200: 0.25, 300: 0.5, 400: 0.75}'
+                      --set 'pruning.shrink_steps=[300, 500]') ;;
+  fast-f50) sets=("${no_heads[@]}" --set 'pruning.ffn_schedule_steps={200: 0.25, 300: 0.5}'
+                  --set 'pruning.shrink_steps=[300]') ;;
   early) sets=() ;;
   small-steps) sets=("${small_steps[@]}") ;;
   shrink-each) sets=("${small_steps[@]}" --set 'pruning.shrink_steps=[300, 400, 500, 600, 700, 800]') ;;
@@ -102,6 +129,6 @@ sets+=(--set "train.cooldown=$cooldown" "${budget[@]}"); name="$name$suffix"
 out="checkpoints/$study/$name-s$seed"
 resume=(); [ "${RESUME:-0}" = 1 ] && resume=(--resume)
 # eval.print_test=false: the run's log and summary print validation only (its test scores are in its files)
-.venv/bin/prunetrain recipe wmt-small-deen --set "train.seed=$seed" "${sets[@]}" --set eval.print_test=false \
+.venv/bin/prunetrain recipe "$recipe" --set "train.seed=$seed" "${sets[@]}" --set eval.print_test=false \
   --output "$out" "${resume[@]}"
 bash scripts/keep_run.sh "$out" "$kept/$name-s$seed"
