@@ -113,8 +113,8 @@ def ct2_batches(tokenizer, sources: list[str], batch_size: int) -> list[list[lis
 def time_one(args, engine: str, model_dir: Path, ct2_dir: Path) -> dict[int, float]:
     """In this process only: load one arm in one engine, warm up on a batch, time each beam size once;
     {beams: seconds}."""
-    from prunetrain.mt.data import read_parallel
-    from prunetrain.mt.translation import load_model_tokenizer, load_translation_model
+    from prunetrain.mt.text.data import read_parallel
+    from prunetrain.mt.evaluation.translation import load_model_tokenizer, load_translation_model
 
     torch.set_num_threads(args.threads)
     sources = [s for s, _ in read_parallel(DATA, "test")][: args.sentences]
@@ -201,8 +201,8 @@ def main():
     from transformers import MarianMTModel
 
     from prunetrain.export.ctranslate2 import export_ctranslate2, padding_report
-    from prunetrain.mt.data import marian_config, read_parallel, train_tokenizer
-    from prunetrain.mt.translation import save_translation_model
+    from prunetrain.mt.text.data import marian_config, read_parallel, train_tokenizer
+    from prunetrain.mt.evaluation.translation import save_translation_model
 
     C.quiet_transformers()
     env = C.setup(args)

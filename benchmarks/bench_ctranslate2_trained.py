@@ -10,7 +10,7 @@ tokens/s (tokens of the outputs, end-of-sentence included, counted with the mode
 BLEU and chrF (sacreBLEU; also what int8 costs).
 
 Engines, all on the same `--threads` cores, batches of `--batch-size` sentences sorted by length (both engines sort):
-- `pytorch-fp32`, `pytorch-bf16`: `prunetrain.mt.translation.translate` (bf16 autocast only where the CPU has
+- `pytorch-fp32`, `pytorch-bf16`: `prunetrain.mt.evaluation.translation.translate` (bf16 autocast only where the CPU has
   native bf16);
 - `ct2-<type>`: the export of `prunetrain export --format ctranslate2` (float32, padded per stack) loaded with each
   CPU compute type this CTranslate2 build supports among float32, int8, int8_bfloat16 and bfloat16, one translator
@@ -65,8 +65,8 @@ def time_one(args) -> dict:
 
     import torch
 
-    from prunetrain.mt.data import read_parallel
-    from prunetrain.mt.translation import load_model_tokenizer, load_translation_model, translate
+    from prunetrain.mt.text.data import read_parallel
+    from prunetrain.mt.evaluation.translation import load_model_tokenizer, load_translation_model, translate
 
     torch.set_num_threads(args.threads)
     sources = [s for s, _ in read_parallel(DATA, "test")][: args.sentences]
@@ -135,8 +135,8 @@ def main():
     import ctranslate2
     import torch
 
-    from prunetrain.mt.data import read_parallel
-    from prunetrain.mt.translation import score_translations
+    from prunetrain.mt.text.data import read_parallel
+    from prunetrain.mt.evaluation.translation import score_translations
     from prunetrain.utils.device import bf16_is_fast
 
     env = C.setup(args)
@@ -165,7 +165,7 @@ def main():
         *([] if args.equal_bounds is None else ["--equal-bounds", str(args.equal_bounds)])],
         1 if args.quick else args.repeats)
     runs = {key: [{int(b): v for b, v in run.items()} for run in values] for key, values in runs.items()}
-    from prunetrain.mt.translation import load_model_tokenizer
+    from prunetrain.mt.evaluation.translation import load_model_tokenizer
 
     tokenizers = {name: load_model_tokenizer(getattr(args, name)) for name in models}
     median = {(name, engine, b): statistics.median(run[b]["seconds"] for run in runs[(name, engine)])

@@ -16,7 +16,7 @@ from pathlib import Path
 import torch
 
 from prunetrain.bench import alternate, compare_times
-from prunetrain.mt.data import marian_config
+from prunetrain.mt.text.data import marian_config
 from prunetrain.methods.gates import gates_for
 
 

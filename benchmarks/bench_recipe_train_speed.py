@@ -37,8 +37,8 @@ def main() -> None:
     if args.threads:
         torch.set_num_threads(args.threads)
 
-    from prunetrain.mt.data import build_dataset, load_tokenizer, make_collator, read_parallel
-    from prunetrain.mt.translation import find_tokenizer_dir, load_translation_model
+    from prunetrain.mt.text.data import build_dataset, load_tokenizer, make_collator, read_parallel
+    from prunetrain.mt.evaluation.translation import find_tokenizer_dir, load_translation_model
     from prunetrain.utils.device import use_bf16
 
     tokenizer = load_tokenizer(find_tokenizer_dir(args.models[0]))

@@ -3,7 +3,7 @@
 For the model the main recipe saves (`checkpoints/wmt-small-deen/pruned`): the model as prunetrain loads it, then each
 format `prunetrain export --check` allows, loaded the way a user without prunetrain would load it —
 `AutoModelForSeq2SeqLM.from_pretrained(dir, trust_remote_code=True)` (remote-code), plain `from_pretrained`
-(uniform, padded), ONNX Runtime (onnx: `prunetrain.mt.translation.translate_onnx`; beam search by ORT's BeamSearch
+(uniform, padded), ONNX Runtime (onnx: `prunetrain.mt.evaluation.translation.translate_onnx`; beam search by ORT's BeamSearch
 operator, `prunetrain.export.onnx_beam_op`, and by the Python loop over the KV-cache graph,
 `prunetrain.export.onnx_beam`), CTranslate2 (`prunetrain.export.ctranslate2.translate_ctranslate2`) — and decoded
 on the same test sentences. Beam 4 and greedy for every format, and beam 4 with `early_stopping=True` (the stopping
@@ -38,7 +38,7 @@ def beam_speed(model, onnx_dir: Path, tokenizer, sources: list[str], args) -> di
     each ORT speed-up is the ratio of median times against PyTorch's."""
     from prunetrain.bench import alternate, compare_times
     from prunetrain.export.onnx_beam_op import FILE
-    from prunetrain.mt.translation import translate, translate_onnx
+    from prunetrain.mt.evaluation.translation import translate, translate_onnx
 
     config = model.config
 
@@ -107,9 +107,9 @@ def main() -> None:
 
     from prunetrain import find_heads
     from prunetrain.export import check_formats, export
-    from prunetrain.mt.data import load_tokenizer, read_parallel
-    from prunetrain.mt.translation import (find_tokenizer_dir, load_translation_model, score_translations, translate,
-                                           translate_onnx)
+    from prunetrain.mt.text.data import load_tokenizer, read_parallel
+    from prunetrain.mt.evaluation.translation import (find_tokenizer_dir, load_translation_model, score_translations,
+                                                      translate, translate_onnx)
 
     pairs = read_parallel(args.data_dir, args.split)
     pairs = pairs[: args.limit] if args.limit else pairs

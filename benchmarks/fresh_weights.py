@@ -23,8 +23,8 @@ import transformers
 from prunetrain import find_heads
 from prunetrain.engine.heads import LAYOUT_CONFIG_KEY
 from prunetrain.engine.persist import read_config, shrink_to_layout
-from prunetrain.mt.data import load_tokenizer
-from prunetrain.mt.translation import find_tokenizer_dir, save_translation_model
+from prunetrain.mt.text.data import load_tokenizer
+from prunetrain.mt.evaluation.translation import find_tokenizer_dir, save_translation_model
 
 
 def widen(config, d_model: int | None, ffn_dim: int | None) -> None:

@@ -183,7 +183,7 @@ def recipe_model_and_batches(batch: int, num_batches: int, data_dir: Path = DATA
     (`d_model`, `ffn_dim`) override the recipe's widths: `d_model=512, ffn_dim=2048` is its GPU setting."""
     from transformers import MarianMTModel
 
-    from prunetrain.mt.data import build_dataset, make_collator, marian_config, read_parallel, train_tokenizer
+    from prunetrain.mt.text.data import build_dataset, make_collator, marian_config, read_parallel, train_tokenizer
 
     pairs = read_parallel(data_dir, "train")
     tokenizer = train_tokenizer(pairs, vocab_size=8000)

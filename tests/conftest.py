@@ -78,7 +78,7 @@ def multi30k_dir(data_dir: Path) -> Path:
 @pytest.fixture(scope="session")
 def multi30k_train_slice(multi30k_dir):
     """The first 2000 Multi30k training pairs."""
-    from prunetrain.mt.data import read_parallel
+    from prunetrain.mt.text.data import read_parallel
 
     return read_parallel(multi30k_dir, "train", limit=2000)
 
@@ -86,7 +86,7 @@ def multi30k_train_slice(multi30k_dir):
 @pytest.fixture(scope="session")
 def m30k_tokenizer(multi30k_train_slice, tmp_path_factory):
     """A joint byte-level BPE tokenizer (vocab 2000) trained on 2000 Multi30k pairs, saved and reloaded."""
-    from prunetrain.mt.data import load_tokenizer, train_tokenizer
+    from prunetrain.mt.text.data import load_tokenizer, train_tokenizer
 
     path = tmp_path_factory.mktemp("tokenizer")
     train_tokenizer(multi30k_train_slice, vocab_size=2000, path=path)

@@ -55,8 +55,8 @@ def save_tiny_translation_model(path: Path, multi30k_dir: Path) -> Path:
     """A tiny saved Marian translation model with its tokenizer (the layout `save_translation_model` writes)."""
     from transformers import MarianMTModel
 
-    from prunetrain.mt.data import marian_config, read_parallel, train_tokenizer
-    from prunetrain.mt.translation import save_translation_model
+    from prunetrain.mt.text.data import marian_config, read_parallel, train_tokenizer
+    from prunetrain.mt.evaluation.translation import save_translation_model
 
     tokenizer = train_tokenizer(read_parallel(multi30k_dir, "train", limit=300), vocab_size=300)
     torch.manual_seed(0)
@@ -68,7 +68,7 @@ def save_tiny_translation_model(path: Path, multi30k_dir: Path) -> Path:
 def write_small_data(out: Path, multi30k_dir: Path, pairs: int = 8) -> Path:
     """A parallel-text directory with `pairs` pairs per split (fast to translate): the splits the main recipe reads
     (train, valid, test and the 2017 test sets of `eval.more_test_splits`)."""
-    from prunetrain.mt.data import read_parallel, write_lines
+    from prunetrain.mt.text.data import read_parallel, write_lines
 
     out.mkdir(parents=True)
     for split in ("train", "valid", "test", "test_2017_flickr", "test_2017_mscoco"):

@@ -84,8 +84,14 @@ def test_show_prints_a_valid_recipe(monkeypatch, capsys):
 # run directories: a failed run never blocks the next; --resume never rewrites the record
 # ---------------------------------------------------------------------------------------------------------------------
 def test_run_directories(tmp_path):
-    from prunetrain.mt.recipe import load_recipe, recipe_to_yaml
-    from prunetrain.mt.run_dir import COMPLETE_MARKER, mark_complete, prepare_output_dir
+    from prunetrain.mt.config.recipe import load_recipe, recipe_to_yaml
+    from prunetrain.mt.run.run_dir import COMPLETE_MARKER, mark_complete, prepare_output_dir
+
+    from hostile import tree as _tree
+    from prunetrain.utils.output_paths import MARKER_FILE
+
+    def tree(path):  # the run's files; its marker is checked in tests/test_output_markers.py
+        return {name: data for name, data in _tree(path).items() if name != MARKER_FILE}
 
     recipe = load_recipe("wmt-small-deen", ["train.epochs=3"])
     out = tmp_path / "run"
@@ -114,6 +120,8 @@ def test_run_directories(tmp_path):
     prepare_output_dir(out, changed, resume=False, overwrite=True)
     assert tree(out) == {"recipe.yaml": recipe_to_yaml(changed).encode()}
     assert not (out / COMPLETE_MARKER).exists()
+    mark_complete(out)  # the new run finished: the run it replaced, kept whole beside it until now, is gone
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["run"]
     (out / "recipe.yaml").write_text(": not yaml : [")
     with pytest.raises(ValueError, match=r"--resume: '.*recipe.yaml' is not valid YAML"):
         prepare_output_dir(out, changed, resume=True, overwrite=False)
@@ -258,8 +266,8 @@ def test_a_neighbours_tokenizer_is_never_used_silently(monkeypatch, capsys, mode
 # translate: line-exact, one output line per input line
 # ---------------------------------------------------------------------------------------------------------------------
 def test_translate_is_line_exact(monkeypatch, capsys, model_dir, tmp_path):
-    from prunetrain.mt.data import read_lines
-    from prunetrain.mt.translation import load_model_tokenizer, load_translation_model, translate
+    from prunetrain.mt.text.data import read_lines
+    from prunetrain.mt.evaluation.translation import load_model_tokenizer, load_translation_model, translate
 
     sources = ["Ein Hund\u2028läuft.", "Zwei\x0cKatzen.", "Ein Mann\x85fährt.", "", "Ein Auto\u2029."]
     (tmp_path / "in.txt").write_bytes("".join(s + "\n" for s in sources).encode())
@@ -466,8 +474,8 @@ def test_resume_fills_keys_added_since_and_lets_the_time_guard_change(tmp_path):
     trained with); a non-default value of that key is still a different recipe; the wall-time guard may change."""
     import yaml
 
-    from prunetrain.mt.recipe import load_recipe
-    from prunetrain.mt.run_dir import prepare_output_dir
+    from prunetrain.mt.config.recipe import load_recipe
+    from prunetrain.mt.run.run_dir import prepare_output_dir
 
     recipe = load_recipe("wmt-small-deen", ["train.epochs=3"])
     out = tmp_path / "run"

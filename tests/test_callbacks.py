@@ -17,9 +17,9 @@ from transformers import (BertConfig, BertForSequenceClassification, MarianMTMod
 
 import prunetrain as pt
 from prunetrain.methods.curve import accuracy_metric
-from prunetrain.mt.metrics import bleu_metric
+from prunetrain.mt.evaluation.metrics import bleu_metric
 from prunetrain.training.callbacks import HardConcreteCallback, HeadPruningCallback, PruningCurveCallback
-from prunetrain.mt.data import build_dataset, make_collator, marian_config, read_parallel, train_tokenizer
+from prunetrain.mt.text.data import build_dataset, make_collator, marian_config, read_parallel, train_tokenizer
 from prunetrain.utils.plots import read_image_tags, read_scalars
 from test_distributed import _run as run_ranks, _torchrun
 

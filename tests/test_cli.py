@@ -3,6 +3,7 @@ real saved model."""
 
 import json
 import re
+import shutil
 from pathlib import Path
 
 import pytest
@@ -10,7 +11,7 @@ import torch
 
 import prunetrain as pt
 from conftest import run_cli
-from prunetrain.mt.recipe import load_recipe, recipe_from_dict
+from prunetrain.mt.config.recipe import load_recipe, recipe_from_dict
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -49,13 +50,19 @@ def test_bad_recipe_input_is_one_line_and_exit_2(args, pattern):
     assert_user_error(cli(*args), pattern)
 
 
+RUN_MARKED = {".prunetrain-output.json": '{"kind": "recipe-run", "version": 1, "entries": null}'}  # a run's marker
+
+
 @pytest.mark.parametrize("files, pattern", [
-    ({"recipe.yaml": "name: x\n", "run_complete.json": "{}"}, r"--output: '.*run' already holds a finished run; "
-                                                             r"pass --overwrite to replace it"),
-    ({"recipe.yaml": "name: x\n", "checkpoint-5/trainer_state.json": "{}"},
+    ({"recipe.yaml": "name: x\n", "run_complete.json": "{}", **RUN_MARKED},
+     r"--output: '.*run' already holds a finished run; pass --overwrite to replace it"),
+    ({"recipe.yaml": "name: x\n", "checkpoint-5/trainer_state.json": "{}", **RUN_MARKED},
      r"--output: '.*run' holds an unfinished run with checkpoint-5; pass --resume to continue it or --overwrite"),
-    ({"notes.txt": "mine"}, r"--output: '.*run' is not empty and holds no prunetrain run \(no recipe.yaml\); "
-                            r"choose another --output \(--overwrite replaces only run directories prunetrain wrote\)"),
+    ({"notes.txt": "mine"}, r"--output: '.*run' is not empty and holds no prunetrain run \(no .prunetrain-output.json"
+                            r": prunetrain did not write it.*\(--overwrite replaces only run directories prunetrain "
+                            r"marked\)"),
+    ({"recipe.yaml": "name: x\n", "run_complete.json": "{}"},  # a run's file names without the marker: not a run
+     r"--output: '.*run' is not empty and holds no prunetrain run \(no .prunetrain-output.json"),
 ])
 def test_recipe_refuses_an_output_directory_it_would_damage(tmp_path, multi30k_dir, files, pattern):
     out = tmp_path / "run"
@@ -84,7 +91,7 @@ def test_recipe_yaml_validation_lists_valid_keys(tmp_path):
 
 
 def test_settings_changed_names_what_a_run_changed_from_the_recipe_as_written(tmp_path):
-    from prunetrain.mt.recipe import settings_changed
+    from prunetrain.mt.config.recipe import settings_changed
 
     assert settings_changed(load_recipe("wmt-small-deen").to_dict()) == []
     changed = load_recipe("wmt-small-deen", ["train.seed=3", "pruning.schedule_steps={}", "pruning.shrink_steps=[]",
@@ -102,8 +109,8 @@ def test_settings_changed_names_what_a_run_changed_from_the_recipe_as_written(tm
 def saved_translation_model(tmp_path_factory, multi30k_dir):
     from transformers import MarianMTModel
 
-    from prunetrain.mt.data import marian_config, read_parallel, train_tokenizer
-    from prunetrain.mt.translation import save_translation_model
+    from prunetrain.mt.text.data import marian_config, read_parallel, train_tokenizer
+    from prunetrain.mt.evaluation.translation import save_translation_model
 
     pairs = read_parallel(multi30k_dir, "train", limit=300)
     tokenizer = train_tokenizer(pairs, vocab_size=300)
@@ -191,8 +198,8 @@ def test_smoke_recipe_runs_end_to_end(smoke_recipe_run):
     assert results["kept_per_kind"] == {"encoder_self": 4, "decoder_self": 4, "cross": 4}
     report = (out / "report.md").read_text()
     # the description is the recipe as written; the smoke preset's changes are named under it
-    assert "this run changed 33 of its settings (`data.dir`, `data.train_limit`, `data.vocab_size`," in report
-    assert "and 25 more): `recipe.yaml` in the run directory holds every value it ran with." in report
+    assert "this run changed 32 of its settings (`data.dir`, `data.train_limit`, `data.vocab_size`," in report
+    assert "and 24 more): `recipe.yaml` in the run directory holds every value it ran with." in report
     for heading in ("Final results", "Test BLEU over training", "Training speed between shrinks",
                     "Pruning during training", "Pruned-BLEU curves", "Speed: original vs shrunk"):
         assert f"## {heading}" in report, heading
@@ -236,8 +243,8 @@ def test_smoke_recipe_scores_validation_and_every_test_set(smoke_recipe_run, mul
     a set scored on another set's sentences fails."""
     import sacrebleu
 
-    from prunetrain.mt.bleu_stats import bleu_from_stats
-    from prunetrain.mt.data import read_parallel
+    from prunetrain.mt.evaluation.bleu_stats import bleu_from_stats
+    from prunetrain.mt.text.data import read_parallel
 
     out, result = smoke_recipe_run
     assert result.returncode == 0, result.stderr[-4000:]
@@ -304,7 +311,15 @@ def test_compare_puts_runs_side_by_side(smoke_recipe_run, tmp_path):
     the figure; an existing output directory and a directory without results are refused."""
     out, result = smoke_recipe_run
     assert result.returncode == 0, result.stderr[-4000:]
-    compared = run_cli("compare", out, out, "--names", "a,b", "--output", tmp_path / "cmp")
+    # a second run that scored exactly the same (a copy whose results differ only in its total wall time): one run
+    # given twice is refused (tests/test_compare_seeds.py)
+    twin = tmp_path / "twin"
+    shutil.copytree(out, twin, ignore=shutil.ignore_patterns("checkpoint-*", "runs", "pruned", "full"))
+    results = json.loads((twin / "results.json").read_text())
+    (twin / "results.json").write_text(json.dumps(dict(results, total_minutes=results["total_minutes"] + 0.01)))
+    assert_user_error(cli("compare", out, out, "--names", "a,b", "--output", tmp_path / "self"),
+                      r"runs: '.*run' is the same directory as '.*run'")
+    compared = run_cli("compare", out, twin, "--names", "a,b", "--output", tmp_path / "cmp")
     assert compared.returncode == 0, compared.stderr[-3000:]
     data = json.loads((tmp_path / "cmp" / "compare.json").read_text())
     assert [(e["step"], e["delta"]) for e in data["equal_steps"]] == [(20, 0.0), (30, 0.0), (40, 0.0)]
@@ -312,7 +327,7 @@ def test_compare_puts_runs_side_by_side(smoke_recipe_run, tmp_path):
     assert same_time["delta"] == pytest.approx(0.0) and same_time["reference"]["before"]["step"] == 40
     assert "## Equal training time" in (tmp_path / "cmp" / "compare.md").read_text()
     assert (tmp_path / "cmp" / "compare.png").is_file()
-    assert_user_error(cli("compare", out, out, "--names", "a,b", "--output", tmp_path / "cmp"),
+    assert_user_error(cli("compare", out, twin, "--names", "a,b", "--output", tmp_path / "cmp"),
                       r"output: '.*cmp' already exists and is not empty")
     (tmp_path / "not-a-run").mkdir()
     assert_user_error(cli("compare", out, tmp_path / "not-a-run", "--output", tmp_path / "new"),

@@ -18,7 +18,7 @@ from hostile import assert_one_line, run_main
 from prunetrain.methods.seed_tests import (paired_t_test, regularized_incomplete_beta, sign_flip_p,
                                            smallest_sign_flip_p, t_two_sided_p)
 from prunetrain.methods.significance import paired_bootstrap
-from prunetrain.mt.bleu_stats import bleu_from_stats, bleu_sentence_stats
+from prunetrain.mt.evaluation.bleu_stats import bleu_from_stats, bleu_sentence_stats
 
 SPLITS = ("valid", "test", "test_2017_flickr", "test_2017_mscoco")
 SENTENCES = 30
@@ -264,4 +264,45 @@ def test_compare_refuses_test_sets_of_different_sizes_and_damaged_score_fields(m
         (tmp_path / "b" / "results.json").write_text(json.dumps(damaged))
         assert_one_line(run_main(monkeypatch, capsys, "compare", tmp_path / "a", tmp_path / "b", "--output",
                                  tmp_path / "out"), pattern)
+        assert not (tmp_path / "out").exists()
+
+
+def test_compare_resolves_paths_and_refuses_one_run_twice(monkeypatch, capsys, tmp_path, multi30k_dir):
+    """A run given twice (through a symlink, `a/../a`, a copy of its directory, or under two names) is refused in
+    both modes before anything is written: comparing a run with itself would pass for two seeds or two arms."""
+    import shutil
+
+    _write_run(tmp_path / "a", 0, QUALITY["default"], multi30k_dir)
+    _write_run(tmp_path / "b", 1, QUALITY["full"], multi30k_dir)
+    (tmp_path / "link").symlink_to(tmp_path / "a")
+    shutil.copytree(tmp_path / "a", tmp_path / "copy")
+    for mode in ([], ["--validation-only"]):
+        for twice, pattern in [
+            (tmp_path / "link", r"runs: '.*link' is the same directory as '.*a' \(both resolve to '.*a'\); give each "
+                                r"run once\.$"),
+            (tmp_path / "b" / ".." / "a", r"is the same directory as"),
+            (tmp_path / "copy", r"runs: '.*copy' holds the same results\.json as '.*a' \(a copy of one run\); give "
+                                r"each run once\.$"),
+        ]:
+            assert_one_line(run_main(monkeypatch, capsys, "compare", tmp_path / "a", tmp_path / "b", twice,
+                                     "--names", "x,y,z", *mode, "--output", tmp_path / "out"), pattern)
+            assert not (tmp_path / "out").exists()
+        assert_one_line(run_main(monkeypatch, capsys, "compare", tmp_path / "a", tmp_path / "a", "--names", "x,y",
+                                 *mode, "--output", tmp_path / "out"), r"is the same directory as")
+
+
+def test_validation_only_obeys_the_rules_of_the_full_comparison(monkeypatch, capsys, tmp_path, multi30k_dir):
+    """`--validation-only` refuses what it would silently ignore (`--bootstrap-samples`: it runs no bootstrap) and
+    ranks validation scores only over the same sentences, as the full comparison pairs test sets."""
+    _write_run(tmp_path / "a", 0, QUALITY["default"], multi30k_dir)
+    _write_run(tmp_path / "b", 0, QUALITY["full"], multi30k_dir, sentences={"valid": 5})
+    assert_one_line(run_main(monkeypatch, capsys, "compare", tmp_path / "a", tmp_path / "b", "--validation-only",
+                             "--bootstrap-samples", "50", "--output", tmp_path / "out"),
+                    r"^prunetrain: error: samples: 50 given with validation_only; a validation-only comparison runs "
+                    r"no bootstrap on a test set, so leave --bootstrap-samples out\.$")
+    for mode in ([], ["--validation-only"]):
+        assert_one_line(run_main(monkeypatch, capsys, "compare", tmp_path / "a", tmp_path / "b", *mode,
+                                 "--output", tmp_path / "out"),
+                        r"^prunetrain: error: runs: arm 'b' seed 0 scored 5 sentences of validation split 'valid' "
+                        r"and arm 'a' seed 0 30; a choice on validation compares scores of the same sentences\.$")
         assert not (tmp_path / "out").exists()

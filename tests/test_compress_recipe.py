@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from conftest import run_cli
-from prunetrain.mt.recipe import load_recipe
+from prunetrain.mt.config.recipe import load_recipe
 from prunetrain.utils.plots import read_scalars
 
 
@@ -49,10 +49,10 @@ def compress_run(full_smoke_run, multi30k_dir, tmp_path_factory):
 def test_the_run_starts_from_the_trained_weights(full_smoke_run, m30k_tokenizer):
     """Every weight of the starting model, bit for bit, in the model the recipe builds (its dropout, its attention
     implementation): the first training step continues the trained model."""
-    from prunetrain.mt.data import load_tokenizer
-    from prunetrain.mt.runner import build_model
-    from prunetrain.mt.starting import load_starting_model, run_tokenizer_dir
-    from prunetrain.mt.translation import load_translation_model
+    from prunetrain.mt.text.data import load_tokenizer
+    from prunetrain.mt.run.runner import build_model
+    from prunetrain.mt.run.starting import load_starting_model, run_tokenizer_dir
+    from prunetrain.mt.evaluation.translation import load_translation_model
 
     source, made = full_smoke_run
     assert made.returncode == 0, made.stderr[-3000:]
@@ -141,7 +141,7 @@ def test_the_scratch_arm_distils_a_fresh_smaller_model_from_the_full_teacher(com
 def test_a_starting_model_that_is_not_the_recipes_is_refused_before_the_run(full_smoke_run, smoke_recipe_run,
                                                                              multi30k_dir, tmp_path):
     from prunetrain.cli.recipes import _smoke_overrides
-    from prunetrain.mt.runner import run_recipe
+    from prunetrain.mt.run.runner import run_recipe
 
     source, made = full_smoke_run
     pruned_run, pruned_made = smoke_recipe_run

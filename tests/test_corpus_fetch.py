@@ -17,8 +17,8 @@ from pathlib import Path
 import pytest
 
 from conftest import REPO
-from prunetrain.mt import corpus
-from prunetrain.mt.corpus import FILES, SHA256, SPLITS, fetch_multi30k
+from prunetrain.mt.text import corpus
+from prunetrain.mt.text.corpus import FILES, SHA256, SPLITS, fetch_multi30k
 
 SMALL = tuple(name for name in FILES if not name.startswith("train."))
 
@@ -214,7 +214,7 @@ def test_local_copies_take_precedence_over_the_download(tmp_path, monkeypatch, m
     monkeypatch.setenv("PRUNETRAIN_DATA", str(tmp_path / "elsewhere"))
     assert corpus.multi30k_dir() == tmp_path / "elsewhere" / "multi30k"
     monkeypatch.delenv("PRUNETRAIN_DATA")
-    from prunetrain.mt.data import default_data_dir
+    from prunetrain.mt.text.data import default_data_dir
 
     if (default_data_dir() / "multi30k").is_dir():
         assert corpus.multi30k_dir() == default_data_dir() / "multi30k"

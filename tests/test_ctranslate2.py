@@ -23,8 +23,8 @@ from hostile import assert_one_line, run_main
 from prunetrain.export.ctranslate2 import export_ctranslate2, padding_report, translate_ctranslate2
 from prunetrain.export.ctranslate2_families import decoder_start_id, forced_bos_id
 from prunetrain.methods.constraints import ServingConstraints, apply_constraints, satisfied
-from prunetrain.mt.data import marian_config, read_parallel
-from prunetrain.mt.translation import save_translation_model, translate
+from prunetrain.mt.text.data import marian_config, read_parallel
+from prunetrain.mt.evaluation.translation import save_translation_model, translate
 
 HEADS = 4
 # heads kept per site, in module order (encoder 0, encoder 1, decoder 0 self, decoder 0 cross, decoder 1 self, ...)

@@ -8,11 +8,9 @@ import time
 import pytest
 import torch
 
-from prunetrain.mt.data import (
-    EOS_ID, PAD_ID, UNK_ID, Seq2SeqDataset, TokenBudgetBatchSampler, available_splits, build_dataset,
-    default_data_dir, load_tokenizer, make_collator, marian_config_base, marian_config_small, read_parallel,
-    token_budget_dataloader, train_tokenizer,
-)
+from prunetrain.mt.text.data import (EOS_ID, PAD_ID, UNK_ID, Seq2SeqDataset, TokenBudgetBatchSampler, available_splits,
+                                     build_dataset, default_data_dir, load_tokenizer, make_collator, marian_config_base,
+                                     marian_config_small, read_parallel, token_budget_dataloader, train_tokenizer, )
 
 
 
@@ -288,7 +286,7 @@ def test_collator_keeps_padded_labels_for_families_that_shift_in_place(m30k_toke
 
 
 def test_collate_batches_keeps_order_sizes_and_limit(m30k_tokenizer, multi30k_train_slice):
-    from prunetrain.mt.data import collate_batches
+    from prunetrain.mt.text.data import collate_batches
 
     dataset = build_dataset(multi30k_train_slice[:10], m30k_tokenizer)
     collator = make_collator(m30k_tokenizer)
@@ -305,7 +303,7 @@ def test_collate_batches_keeps_order_sizes_and_limit(m30k_tokenizer, multi30k_tr
     [" leading and trailing spaces ", "\ttab"],
 ])
 def test_line_io_round_trips_exactly(tmp_path, lines):
-    from prunetrain.mt.data import format_lines, read_lines, split_lines, write_lines
+    from prunetrain.mt.text.data import format_lines, read_lines, split_lines, write_lines
 
     path = write_lines(tmp_path / "out.txt", lines)
     assert read_lines(path) == lines == split_lines(format_lines(lines))
@@ -314,7 +312,7 @@ def test_line_io_round_trips_exactly(tmp_path, lines):
 
 
 def test_line_io_edge_cases(tmp_path):
-    from prunetrain.mt.data import format_lines, read_lines, split_lines
+    from prunetrain.mt.text.data import format_lines, read_lines, split_lines
 
     assert split_lines("a\r\nb\r\n") == ["a", "b"]  # Windows line ends
     assert split_lines("\ufeffa\nb") == ["a", "b"]  # a BOM is dropped; a missing final newline is fine
@@ -331,7 +329,7 @@ def test_line_io_edge_cases(tmp_path):
 def test_default_data_dir_is_next_to_the_repository(monkeypatch):
     from pathlib import Path
 
-    from prunetrain.mt.data import DATA_ENV, default_data_dir
+    from prunetrain.mt.text.data import DATA_ENV, default_data_dir
 
     monkeypatch.delenv(DATA_ENV, raising=False)
     assert default_data_dir() == Path(__file__).resolve().parents[1].parent / "shared" / "data"

@@ -50,7 +50,7 @@ def test_the_trained_loss_is_the_combined_loss(tiny_mt):
     """The loss the wrapped student returns equals (1 − α)·CE + α·T²·KL/tokens computed by hand."""
     from transformers import MarianMTModel
 
-    from prunetrain.mt.data import marian_config
+    from prunetrain.mt.text.data import marian_config
 
     torch.manual_seed(0)
     config = marian_config(tiny_mt[1], d_model=32, ffn_dim=64, layers=2, heads=4, dropout=0.0)

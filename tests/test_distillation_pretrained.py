@@ -18,7 +18,7 @@ from transformers import AutoTokenizer, BertForSequenceClassification, DataColla
 
 import prunetrain as pt
 from prunetrain import HeadPruningCallback, Heads, Importance, Schedule
-from prunetrain.mt.data import read_parallel
+from prunetrain.mt.text.data import read_parallel
 from prunetrain.training.distillation import DistillationCallback
 from prunetrain.training.state import restore_layout
 

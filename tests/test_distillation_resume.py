@@ -97,7 +97,7 @@ def test_the_hidden_state_term_of_a_seq2seq_model_is_the_hand_computed_one(tiny_
     combined loss the wrapped student returns."""
     from transformers import MarianMTModel
 
-    from prunetrain.mt.data import marian_config
+    from prunetrain.mt.text.data import marian_config
 
     torch.manual_seed(0)
     config = marian_config(tiny_mt[1], d_model=32, ffn_dim=64, layers=2, heads=4, dropout=0.0)

@@ -16,7 +16,7 @@ from transformers import MarianMTModel, Seq2SeqTrainer, Seq2SeqTrainingArguments
 import prunetrain as pt
 from conftest import run_cli
 from prunetrain.methods.curve import loss_metric
-from prunetrain.mt.data import build_dataset, make_collator, marian_config, read_parallel, train_tokenizer
+from prunetrain.mt.text.data import build_dataset, make_collator, marian_config, read_parallel, train_tokenizer
 from prunetrain.training.callbacks import HeadPruningCallback, PruningCurveCallback
 from prunetrain.training.time_cap import TimeCapCallback
 from prunetrain.utils.plots import read_scalars
@@ -130,7 +130,7 @@ def test_schedule_errors_come_before_training_starts(tmp_path, tiny_mt):
     assert trainer.state.global_step == 0
     # the recipe: step schedules within train.max_steps; with max_steps the run is defined by steps, and epoch
     # points beyond it are listed by the callbacks when training starts instead of refused
-    from prunetrain.mt.recipe import load_recipe
+    from prunetrain.mt.config.recipe import load_recipe
 
     with pytest.raises(ValueError, match=r"^pruning.schedule_steps: step 600 is after the last training step "
                                          r"\(train.max_steps=500\)"):

@@ -81,7 +81,7 @@ def ct2_export(tmp_path_factory, m30k_tokenizer, multi30k_train_slice):
     """(pruned model, its saved directory, its CTranslate2 directory, the export's summary), written through
     `export(directory, ..., "ctranslate2")` as `prunetrain export` writes it. The model is shrunk first and then
     trained briefly on Multi30k in its pruned shapes (~10 s), so that its translations depend on the source."""
-    from prunetrain.mt.translation import save_translation_model
+    from prunetrain.mt.evaluation.translation import save_translation_model
 
     root = tmp_path_factory.mktemp("ct2-ffn")
     model = train_briefly(_ct2_pruned(_marian(m30k_tokenizer)), m30k_tokenizer, multi30k_train_slice)
@@ -91,7 +91,7 @@ def ct2_export(tmp_path_factory, m30k_tokenizer, multi30k_train_slice):
 
 @pytest.fixture(scope="module")
 def ct2_sources(multi30k_dir) -> list[str]:
-    from prunetrain.mt.data import read_parallel
+    from prunetrain.mt.text.data import read_parallel
 
     return [s for s, _ in read_parallel(multi30k_dir, "test", limit=CT2_SOURCES)]
 
@@ -109,7 +109,7 @@ def test_ctranslate2_float32_probe_and_the_neurons_reported(ct2_export):
 
 def test_ctranslate2_greedy_translations_identical_to_generate(ct2_export, m30k_tokenizer, ct2_sources):
     from prunetrain.export.ctranslate2 import translate_ctranslate2
-    from prunetrain.mt.translation import translate
+    from prunetrain.mt.evaluation.translation import translate
 
     model, _, directory, _ = ct2_export
     ours = translate(model, m30k_tokenizer, ct2_sources, max_new_tokens=MAX_NEW_TOKENS, batch_size=50)
@@ -124,7 +124,7 @@ def test_ctranslate2_beam_translations_identical_up_to_float32_ties(ct2_export, 
     `renormalize_logits=True`), as tests/test_ctranslate2.py compares it: a sentence may differ only where the
     replayed search meets a float32 tie (`_beam_tie`)."""
     from prunetrain.export.ctranslate2 import translate_ctranslate2
-    from prunetrain.mt.translation import translate
+    from prunetrain.mt.evaluation.translation import translate
 
     model, _, directory, _ = ct2_export
     ours = translate(model, m30k_tokenizer, ct2_sources, num_beams=4, max_new_tokens=MAX_NEW_TOKENS, batch_size=50,
@@ -159,7 +159,7 @@ def test_ctranslate2_other_families_with_pruned_ffns_translate_as_generate(famil
                                                                            tmp_path):
     """BART, mBART (pre-norm, forced language token), M2M-100 and Pegasus with heads pruned, the first FFN emptied
     and the last left with one neuron: the probe agrees in float32 and greedy translations are `generate`'s."""
-    from prunetrain.mt.translation import save_translation_model
+    from prunetrain.mt.evaluation.translation import save_translation_model
 
     model = _widened(_family_model(family, lang_tokenizer))
     pt.shrink(model, ffn_mask(model, seed=3))

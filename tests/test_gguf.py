@@ -72,6 +72,19 @@ def llama_logits_and_greedy(path, tokens, prompt, new_tokens):
         llm.close()
 
 
+def llama_cpp_and_model(model, path):
+    """(llama.cpp's logits, the model's) on 40 tokens, and both greedy continuations of 24 tokens after 6."""
+    gen = torch.Generator().manual_seed(11)
+    tokens = torch.randint(3, 96, (40,), generator=gen).tolist()
+    got, generated = llama_logits_and_greedy(path, tokens, tokens[:6], 24)
+    model.generation_config.eos_token_id = None  # llama.cpp's sampler does not stop at EOS either
+    with torch.no_grad():
+        want = model(input_ids=torch.tensor([tokens])).logits[0].numpy()
+        want_tokens = model.generate(torch.tensor([tokens[:6]]), max_new_tokens=24, do_sample=False, num_beams=1,
+                                     pad_token_id=1)[0, 6:].tolist()
+    return got, want, generated, want_tokens
+
+
 @pytest.mark.parametrize("family,fraction", [("llama", 0.0), ("llama", 0.5), ("llama", 0.75), ("qwen2", 0.5),
                                              ("mistral", 0.75)])
 def test_gguf_in_llama_cpp_equals_the_shrunk_model(family, fraction, tmp_path):
@@ -209,14 +222,7 @@ def test_gguf_with_per_layer_ffn_widths_equals_the_shrunk_model(family, layout, 
     assert result["files"] == ["model.gguf"] and result["gguf_type"] == "f32"
     path = tmp_path / "gguf" / "model.gguf"
     assert gguf.GGUFReader(str(path)).fields["deci.feed_forward_length"].contents() == written
-    gen = torch.Generator().manual_seed(11)
-    tokens = torch.randint(3, 96, (40,), generator=gen).tolist()
-    got, generated = llama_logits_and_greedy(path, tokens, tokens[:6], 24)
-    model.generation_config.eos_token_id = None  # llama.cpp's sampler does not stop at EOS either
-    with torch.no_grad():
-        want = model(input_ids=torch.tensor([tokens])).logits[0].numpy()
-        want_tokens = model.generate(torch.tensor([tokens[:6]]), max_new_tokens=24, do_sample=False, num_beams=1,
-                                     pad_token_id=1)[0, 6:].tolist()
+    got, want, generated, want_tokens = llama_cpp_and_model(model, path)
     assert np.abs(got - want).max() <= 1e-4
     assert np.abs(got - want).max() <= 1e-5 * np.abs(want).max()  # f32: only the summation order differs
     assert generated == want_tokens

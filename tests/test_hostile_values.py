@@ -164,8 +164,8 @@ def test_onnx_translation_refuses_bad_counts_and_out_of_vocabulary_ids(tmp_path,
 
     from prunetrain.export.formats import export
     from prunetrain.export.onnx_beam import beam_generate
-    from prunetrain.mt.data import marian_config_small
-    from prunetrain.mt.translation import translate_onnx
+    from prunetrain.mt.text.data import marian_config_small
+    from prunetrain.mt.evaluation.translation import translate_onnx
 
     torch.manual_seed(0)
     model = MarianMTModel(marian_config_small(m30k_tokenizer, d_model=16, ffn_dim=32, layers=1, heads=2))
@@ -199,8 +199,9 @@ def test_onnx_translation_refuses_bad_counts_and_out_of_vocabulary_ids(tmp_path,
 # translate: a list of sentences, counts as ints; the command reads its input bounded and lazily
 # ---------------------------------------------------------------------------------------------------------------------
 def test_translate_refuses_a_bare_string_and_bool_counts(model_dir):
-    from prunetrain.mt.data import read_parallel
-    from prunetrain.mt.translation import evaluate_bleu, load_model_tokenizer, load_translation_model, translate
+    from prunetrain.mt.text.data import read_parallel
+    from prunetrain.mt.evaluation.translation import (evaluate_bleu, load_model_tokenizer, load_translation_model,
+                                                      translate)
 
     model, tokenizer = load_translation_model(model_dir), load_model_tokenizer(model_dir)
     for sources, kwargs, message in [
@@ -330,7 +331,7 @@ def _duplicate_first_key(path: Path) -> None:
 
 
 def test_a_layout_or_config_with_a_duplicate_key_is_refused(tmp_path):
-    from prunetrain.mt.init_architecture import read_layout
+    from prunetrain.mt.run.init_architecture import read_layout
 
     model = tiny_model("marian")
     pt.shrink(model, pt.HeadMask.from_heads(model, {SITE: [0]}))
@@ -403,7 +404,7 @@ def test_compare_never_drops_a_run_whose_label_collides(monkeypatch, capsys, thr
         assert_one_line(run_main(monkeypatch, capsys, "compare", *three_runs, "--names", names, "--output",
                                  tmp_path / "out"), pattern)
         assert not (tmp_path / "out").exists()
-    from prunetrain.mt.compare import write_comparison
+    from prunetrain.mt.comparison.compare import write_comparison
 
     for runs, kwargs, message in [(three_runs[:2], {"names": ["a\nb", "c"]}, r"^names: 'a\\nb' holds a line break"),
                                   (three_runs[:2], {"samples": True}, r"^samples: True is not allowed"),
@@ -497,7 +498,7 @@ def test_a_curve_callback_refuses_a_metric_key_or_metric_of_the_wrong_kind():
 def test_a_comparison_that_fails_while_writing_leaves_nothing(tmp_path, monkeypatch):
     """compare writes into a staging directory renamed in whole: a failure part-way (here the Markdown table, after
     the figure and compare.json) leaves no output behind. Two real runs of the payoff study are compared."""
-    import prunetrain.mt.compare as compare
+    import prunetrain.mt.comparison.compare as compare
 
     study = Path(__file__).resolve().parents[1] / "recipes/results/wmt-small-deen-study"
     runs = [study / "off-cooldown-s0", study / "small-steps-cooldown-s0"]
@@ -511,4 +512,5 @@ def test_a_comparison_that_fails_while_writing_leaves_nothing(tmp_path, monkeypa
     assert list(tmp_path.iterdir()) == []
     monkeypatch.undo()
     compare.write_comparison(runs, tmp_path / "out", samples=10)
-    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["compare.json", "compare.md", "compare.png"]
+    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == [".prunetrain-output.json", "compare.json",
+                                                                  "compare.md", "compare.png"]

@@ -491,7 +491,7 @@ def test_bad_arguments_raise_clear_errors():
         get_scorer(GradientScorer(), per="batch")
     with pytest.raises(ValueError, match="per: 'x' is not one of"):
         GradientScorer(per="x")
-    with pytest.raises(ValueError, match="seed: expected an int"):
+    with pytest.raises(ValueError, match=r"^seed: '1' is not allowed; expected an integer\.$"):
         random_scores(model, seed="1")
 
 

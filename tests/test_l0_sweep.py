@@ -8,11 +8,11 @@ import pytest
 
 from conftest import run_cli
 from prunetrain.engine.heads import find_heads
-from prunetrain.mt.l0_sweep import ALL_KINDS, BUDGET, budget_comparison
+from prunetrain.mt.run.l0_sweep import ALL_KINDS, BUDGET, budget_comparison
 from prunetrain.engine.mask import HeadMask
-from prunetrain.mt.recipe import GateSweepRecipe, load_recipe, recipe_from_dict
+from prunetrain.mt.config.recipe import GateSweepRecipe, load_recipe, recipe_from_dict
 from prunetrain.utils.plots import read_image_tags, read_scalars
-from prunetrain.mt.translation import load_translation_model
+from prunetrain.mt.evaluation.translation import load_translation_model
 
 
 def _one_line_error(result, pattern):

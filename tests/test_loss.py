@@ -8,8 +8,8 @@ import torch
 from transformers import MarianMTModel, Seq2SeqTrainer
 from transformers.trainer_pt_utils import LabelSmoother
 
-from prunetrain.mt.data import build_dataset, make_collator, marian_config, read_parallel, train_tokenizer
-from prunetrain.mt.training_setup import train_seq2seq, training_args
+from prunetrain.mt.text.data import build_dataset, make_collator, marian_config, read_parallel, train_tokenizer
+from prunetrain.mt.run.training_setup import train_seq2seq, training_args
 from prunetrain.training.loss import SmoothedCrossEntropy
 
 
@@ -78,9 +78,10 @@ def test_the_recipes_trainer_trains_with_it_as_with_label_smoother(tmp_path, mul
 @pytest.mark.parametrize("kwargs, message", [
     ({"epsilon": 1.0}, r"^epsilon: 1\.0 is not allowed; expected a smoothing weight in \[0, 1\)"),
     ({"epsilon": -0.1}, r"^epsilon: -0\.1 is not a fraction in \[0, 1\]"),
-    ({"epsilon": "0.1"}, r"^epsilon: '0\.1' is not a fraction"),
-    ({"epsilon": True}, r"^epsilon: True is not a fraction"),
-    ({"epsilon": 0.1, "ignore_index": 1.5}, r"^ignore_index: 1\.5 is not allowed; expected an integer label"),
+    ({"epsilon": "0.1"}, r"^epsilon: '0\.1' is not allowed; expected a finite number\.$"),
+    ({"epsilon": True}, r"^epsilon: True is not allowed; expected a finite number\.$"),
+    ({"epsilon": float("nan")}, r"^epsilon: nan is not allowed; expected a finite number\.$"),
+    ({"epsilon": 0.1, "ignore_index": 1.5}, r"^ignore_index: 1\.5 is not allowed; expected an integer\.$"),
     ({"epsilon": 0.1, "shift_labels": "no"}, r"^shift_labels: 'no' is not allowed; expected True or False"),
 ])
 def test_bad_settings_are_refused_in_one_sentence(kwargs, message):

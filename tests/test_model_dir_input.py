@@ -228,7 +228,7 @@ def test_a_missing_tensor_or_nan_weights_are_refused_not_translated(monkeypatch,
 
 
 def test_a_tokenizer_larger_than_the_vocabulary_is_refused(monkeypatch, capsys, copy_of, tmp_path, multi30k_dir):
-    from prunetrain.mt.data import read_parallel, train_tokenizer
+    from prunetrain.mt.text.data import read_parallel, train_tokenizer
 
     model = copy_of()
     train_tokenizer(read_parallel(multi30k_dir, "train", limit=300), vocab_size=400, path=tmp_path / "big")

@@ -47,7 +47,7 @@ def _trained_marian(tokenizer, pairs, steps=80):
     """A small Marian trained for a few steps on real sentence pairs (its beams differ from greedy)."""
     from transformers import MarianMTModel
 
-    from prunetrain.mt.data import marian_config_small
+    from prunetrain.mt.text.data import marian_config_small
 
     torch.manual_seed(0)
     model = MarianMTModel(marian_config_small(tokenizer, d_model=64, ffn_dim=128, layers=2, heads=4, dropout=0.0,
@@ -68,8 +68,8 @@ def _trained_marian(tokenizer, pairs, steps=80):
 @pytest.mark.slow
 def test_onnx_beam_translates_multi30k_like_pytorch_beam_search(m30k_tokenizer, multi30k_train_slice, multi30k_dir,
                                                                 tmp_path):
-    from prunetrain.mt.data import read_parallel
-    from prunetrain.mt.translation import translate, translate_onnx
+    from prunetrain.mt.text.data import read_parallel
+    from prunetrain.mt.evaluation.translation import translate, translate_onnx
 
     model = _trained_marian(m30k_tokenizer, multi30k_train_slice)
     layout = pt.find_heads(model)

@@ -58,8 +58,8 @@ def test_the_operator_gives_generates_hypotheses_on_shrunk_tiny_models(family, t
 @pytest.mark.slow
 def test_the_beam_search_operator_translates_multi30k_as_generate(m30k_tokenizer, multi30k_train_slice, multi30k_dir,
                                                                   tmp_path):
-    from prunetrain.mt.data import read_parallel
-    from prunetrain.mt.translation import _sorted_batches, translate, translate_onnx
+    from prunetrain.mt.text.data import read_parallel
+    from prunetrain.mt.evaluation.translation import _sorted_batches, translate, translate_onnx
 
     model = _pruned(_trained_marian(m30k_tokenizer, multi30k_train_slice, steps=200))
     export(model, tmp_path / "onnx", "onnx")
@@ -114,7 +114,7 @@ def test_a_beam_search_graph_that_differs_from_pytorch_is_not_written(tmp_path, 
 
 def test_the_operator_refuses_settings_it_does_not_take_and_an_export_without_it(tmp_path):
     from prunetrain.export.onnx_beam_op import cache_order, check_beam_search
-    from prunetrain.mt.translation import translate_onnx
+    from prunetrain.mt.evaluation.translation import translate_onnx
     from prunetrain.zoo import tiny_model
 
     model = tiny_model("marian")

@@ -114,7 +114,7 @@ def test_every_command_that_writes_a_directory_refuses_a_locked_output(monkeypat
 
 
 def test_the_library_savers_refuse_a_locked_output(tmp_path, model_dir, holder):
-    from prunetrain.mt.translation import load_model_tokenizer, save_translation_model
+    from prunetrain.mt.evaluation.translation import load_model_tokenizer, save_translation_model
 
     net = pt.load_pruned(model_dir)
     tokenizer = load_model_tokenizer(model_dir, None)
@@ -153,7 +153,7 @@ def test_two_real_shrinks_racing_for_one_output_leave_one_model_and_one_refusal(
 # overwrite=True in the library: the command line's rule
 # ---------------------------------------------------------------------------------------------------------------------
 def test_library_overwrite_never_deletes_a_directory_of_other_files(tmp_path, model_dir):
-    from prunetrain.mt.translation import load_model_tokenizer, save_translation_model
+    from prunetrain.mt.evaluation.translation import load_model_tokenizer, save_translation_model
 
     net = pt.load_pruned(model_dir)
     tokenizer = load_model_tokenizer(model_dir, None)
@@ -162,8 +162,8 @@ def test_library_overwrite_never_deletes_a_directory_of_other_files(tmp_path, mo
     (mine / "thesis.tex").write_text("years of work")
     (mine / "config.json").write_text("{}")
     before = tree(mine)
-    pattern = (r"'.*mine' holds 'thesis.tex', which is not part of a model or run directory prunetrain writes; "
-               r"overwrite=True.* replaces only those")
+    pattern = (r"'.*mine' is not empty and carries no prunetrain marker \(.prunetrain-output.json\).*; "
+               r"overwrite=True.* replaces only directories prunetrain marked as its own")
     for write in (lambda: pt.save_pruned(net, mine, overwrite=True),
                   lambda: save_translation_model(net, tokenizer, mine, overwrite=True),
                   lambda: export(model_dir, mine, "padded", overwrite=True)):

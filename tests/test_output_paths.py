@@ -48,7 +48,8 @@ def world(tmp_path, model_dir, multi30k_dir) -> Path:
 
 def hidden_entries(path: Path) -> list[str]:
     """Staging or set-aside directories prunetrain left anywhere under `path`."""
-    return sorted(str(p.relative_to(path)) for p in path.rglob(".*") if ".staging-" in p.name or ".replaced-" in p.name)
+    return sorted(str(p.relative_to(path)) for p in path.rglob(".*")
+                  if any(f".{kind}-" in p.name for kind in ("staging", "replaced", "removing", "previous")))
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -106,12 +107,14 @@ def test_overwrite_replaces_only_directories_prunetrain_writes(monkeypatch, caps
     before = tree(world / "other")
     assert_one_line(run_main(monkeypatch, capsys, "shrink", world / "model", "--mask", world / "mask.json",
                              "--output", world / "other", "--overwrite"),
-                    r"--output: '.*other' holds 'notes.txt', which is not part of a model or run directory "
-                    r"prunetrain writes; --overwrite replaces only those")
+                    r"--output: '.*other' is not empty and carries no prunetrain marker \(.prunetrain-output.json\): "
+                    r"prunetrain did not write it .*; --overwrite replaces only directories prunetrain marked")
     assert tree(world / "other") == before
     (world / "model" / "notes.txt").write_text("mine too")  # a model directory with a stranger inside
     assert_one_line(run_main(monkeypatch, capsys, "shrink", world / "model", "--mask", world / "mask.json",
-                             "--output", world / "model", "--overwrite"), r"holds 'notes.txt'")
+                             "--output", world / "model", "--overwrite"),
+                    r"holds 'notes.txt', which is not part of the model prunetrain wrote there; --overwrite replaces "
+                    r"only what prunetrain wrote")
     (world / "model" / "notes.txt").unlink()
     shutil.copytree(world / "model", tmp_path / "old-export")  # a model directory prunetrain wrote: replaced
     code, _, err = run_main(monkeypatch, capsys, "shrink", world / "model", "--mask", world / "mask.json",

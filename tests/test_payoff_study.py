@@ -12,10 +12,10 @@ import torch
 import prunetrain as pt
 from conftest import run_cli
 from prunetrain.methods.significance import paired_bootstrap
-from prunetrain.mt.bleu_stats import bleu_from_stats
-from prunetrain.mt.compare_arms import group_arms, mean_sd, value_at_flops
-from prunetrain.mt.init_architecture import apply_initial_architecture
-from prunetrain.mt.recipe import load_recipe
+from prunetrain.mt.evaluation.bleu_stats import bleu_from_stats
+from prunetrain.mt.comparison.compare_arms import group_arms, mean_sd, value_at_flops
+from prunetrain.mt.run.init_architecture import apply_initial_architecture
+from prunetrain.mt.config.recipe import load_recipe
 
 SMOKE = ["--smoke", "--set", "eval.test_limit=24", "--set", "eval.num_beams=1", "--set", "eval.bench=false",
          "--set", "pruning.curve_steps=[]", "--set", "train.max_steps=0", "--set", "train.max_flops=22000000000.0",
@@ -62,7 +62,7 @@ def _smoke_recipe(overrides=()):
 
 
 def test_initial_architectures_are_fresh_small_models(tmp_path, m30k_tokenizer):
-    from prunetrain.mt.runner import build_model
+    from prunetrain.mt.run.runner import build_model
 
     recipe = _smoke_recipe()
     pruned = build_model(recipe, m30k_tokenizer)
@@ -165,7 +165,7 @@ def test_a_budget_defined_study_end_to_end(tmp_path, multi30k_dir):
     chosen = json.loads((tmp_path / "sel" / "compare.json").read_text())
     assert json.loads(picked.stdout) == {"output": str(tmp_path / "sel"), **chosen}
     assert chosen["selection"] == data["selection"] and sorted(p.name for p in (tmp_path / "sel").iterdir()) == [
-        "compare.json", "compare.md"]
+        ".prunetrain-output.json", "compare.json", "compare.md"]
     assert [a["valid_bleu"] for a in chosen["arms"]] == [a["valid_bleu"] for a in data["arms"]]
     assert [r["valid_bleu"] for r in chosen["valid_at_flops"]] == [r["valid_bleu"] for r in data["equal_flops"]]
 
@@ -451,3 +451,42 @@ def test_compress_study_runs_each_arm_from_the_seeds_full_model(tmp_path):
         code, err, args, _ = run(argv, env)
         assert (code, args) == (2, None) and err.strip() == err.strip().splitlines()[0], (argv, err)
         assert err.startswith(f"compress_study.sh: {message}"), err
+
+
+def test_fast_study_runs_the_six_arms_fixed_before_it_and_chooses_on_validation_only(tmp_path):
+    """scripts/fast_study.sh (recipes/wmt-small-deen-fast.md): the six fast arms at seed 100, 20 minutes of training
+    each with the cooldown, through the fast recipe with each arm's schedule, then `compare --validation-only`."""
+    import subprocess
+
+    root = tmp_path / "tree"
+    _study_script(tmp_path, "fast_study.sh")
+    (root / ".venv" / "bin" / "prunetrain").write_text(RECORDING_PRUNETRAIN)
+    done = subprocess.run(["bash", "scripts/fast_study.sh"], cwd=root, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    calls = (root / "calls.txt").read_text().splitlines()
+    recipes = [c for c in calls if c.startswith("recipe ")]
+    arms = ["fast-h36-f50-early", "fast-h36-f75-early", "fast-f50-early", "fast-h36-f50", "fast-h36-f75", "fast-f50"]
+    assert [c.split("--output ")[1] for c in recipes] == [f"checkpoints/fast/{a}-cooldown-time20min-s100" for a in arms]
+    assert all(c.startswith("recipe wmt-small-deen-fast ") for c in recipes), recipes
+    for c in recipes:
+        for setting in ("train.seed=100", "train.cooldown=0.2", "train.max_flops=0", "train.max_train_minutes=20",
+                        "eval.print_test=false"):
+            assert setting in c, (setting, c)
+    early, f75_early, f50_early, default, f75, f50 = recipes
+    assert "pruning." not in early.split("train.cooldown")[0]  # the recipe as it is
+    assert "pruning.ffn_schedule_steps={100: 0.25, 200: 0.5, 300: 0.75}" in f75_early
+    assert "pruning.schedule_steps={}" in f50_early and "pruning.shrink_steps=[200]" in f50_early
+    for c in (default, f75):
+        assert "pruning.schedule_steps={200: 0.25, 300: 0.5, 400: 0.625, 500: 0.75}" in c
+        assert "pruning.shrink_steps=[300, 500]" in c
+    assert "pruning.ffn_schedule_steps={200: 0.25, 300: 0.5, 400: 0.75}" in f75
+    assert "pruning.schedule_steps={}" in f50 and "pruning.shrink_steps=[300]" in f50
+    names = [f"{a}-cooldown-time20min" for a in arms]
+    assert calls[-1] == ("compare " + " ".join(f"recipes/results/wmt-small-deen-fast/{n}-s100" for n in names)
+                         + f" --names {','.join(names)} --validation-only --output checkpoints/fast/selection-s100")
+    # every arm's settings are a valid recipe (the schedule checks run on load)
+    from prunetrain.mt.config.recipe import load_recipe
+
+    for c in recipes:
+        sets = c.split(" --set ")[1:]
+        load_recipe("wmt-small-deen-fast", [s.split(" --output")[0] for s in sets])

@@ -58,8 +58,8 @@ def test_save_refuses_to_overwrite_and_leaves_nothing_half_written(tmp_path):
     with pytest.raises(ValueError, match=r"path: '.*out' already exists and is not empty; pass overwrite=True"):
         pt.save_pruned(model, target)
     assert [p.name for p in target.iterdir()] == ["keep.txt"]
-    with pytest.raises(ValueError, match=r"path: '.*out' holds 'keep.txt', which is not part of a model or run "
-                                         r"directory prunetrain writes; overwrite=True replaces only those"):
+    with pytest.raises(ValueError, match=r"path: '.*out' is not empty and carries no prunetrain marker .*; "
+                                         r"overwrite=True replaces only directories prunetrain marked as its own"):
         pt.save_pruned(model, target, overwrite=True)  # the user's file is never deleted (issue 37)
     assert [p.name for p in target.iterdir()] == ["keep.txt"]
     (target / "keep.txt").unlink()

@@ -46,9 +46,9 @@ def test_with_one_candidate_nothing_is_timed(tiny_mt):
 
 
 def test_a_resumed_run_keeps_the_precision_and_attention_it_started_with(tmp_path, tiny_mt):
-    from prunetrain.mt.recipe import load_recipe
-    from prunetrain.mt.run_settings import PRECISION_RECORD, measured_settings
-    from prunetrain.mt.runner import RunInputs
+    from prunetrain.mt.config.recipe import load_recipe
+    from prunetrain.mt.run.run_settings import PRECISION_RECORD, measured_settings
+    from prunetrain.mt.run.runner import RunInputs
 
     recipe = load_recipe("wmt-small-deen", ["train.precision=measure", "model.attn_implementation=measure"])
     model = _marian(tiny_mt[1])
@@ -93,7 +93,7 @@ def test_the_recipe_measures_and_records_its_precision_and_attention(tmp_path, m
 
 
 def test_measure_is_refused_where_it_cannot_work():
-    from prunetrain.mt.recipe import load_recipe
+    from prunetrain.mt.config.recipe import load_recipe
 
     with pytest.raises(ValueError, match=r"train.precision: 'fp16' is not one of 'auto', 'bf16', 'fp32', 'measure'"):
         load_recipe("wmt-small-deen", ["train.precision=fp16"])

@@ -14,7 +14,7 @@ import pytest
 import prunetrain as pt
 from conftest import run_cli
 from hostile import assert_one_line, run_main
-from prunetrain.mt.runner import unit_amounts
+from prunetrain.mt.run.runner import unit_amounts
 
 
 def test_unit_amounts_carry_each_schedule_forward():

@@ -130,10 +130,10 @@ def test_data_dir_is_recorded_as_data_dir(monkeypatch, capsys, tmp_path, multi30
 
 
 def test_a_resume_checks_the_data_it_trains_on(tmp_path, multi30k_dir):
-    from prunetrain.mt.data import read_parallel
-    from prunetrain.mt.recipe import load_recipe
-    from prunetrain.mt.run_dir import prepare_output_dir
-    from prunetrain.mt.run_record import DATA_RECORD, data_record, with_data_dir
+    from prunetrain.mt.text.data import read_parallel
+    from prunetrain.mt.config.recipe import load_recipe
+    from prunetrain.mt.run.run_dir import prepare_output_dir
+    from prunetrain.mt.run.run_record import DATA_RECORD, data_record, with_data_dir
 
     recipe = with_data_dir(load_recipe("wmt-small-deen", ["data.train_limit=50"]), multi30k_dir)
     pairs = [read_parallel(multi30k_dir, split, limit=50) for split in ("train", "valid", "test")]
@@ -159,8 +159,8 @@ def test_a_resume_checks_the_data_it_trains_on(tmp_path, multi30k_dir):
 
 
 def test_resume_of_a_finished_run_is_refused_and_changes_nothing(tmp_path):
-    from prunetrain.mt.recipe import load_recipe
-    from prunetrain.mt.run_dir import mark_complete, prepare_output_dir
+    from prunetrain.mt.config.recipe import load_recipe
+    from prunetrain.mt.run.run_dir import mark_complete, prepare_output_dir
 
     recipe = load_recipe("wmt-small-deen")
     out = tmp_path / "run"
@@ -177,9 +177,9 @@ def test_resume_of_a_finished_run_is_refused_and_changes_nothing(tmp_path):
 @pytest.mark.slow
 def test_a_finished_run_records_what_it_read_and_refuses_resume(smoke_recipe_run, tmp_path, multi30k_dir):
     from conftest import run_cli
-    from prunetrain.mt.data import read_parallel
-    from prunetrain.mt.run_record import data_record
-    from prunetrain.mt.recipe import recipe_from_dict
+    from prunetrain.mt.text.data import read_parallel
+    from prunetrain.mt.run.run_record import data_record
+    from prunetrain.mt.config.recipe import recipe_from_dict
     import yaml
 
     out, result = smoke_recipe_run
@@ -256,7 +256,7 @@ def test_the_count_1_beside_fractions_is_refused():
 def _trainer(tmp_path, multi30k_dir, callbacks, model=None):
     from transformers import MarianMTModel, Seq2SeqTrainer, Seq2SeqTrainingArguments
 
-    from prunetrain.mt.data import build_dataset, make_collator, marian_config, read_parallel, train_tokenizer
+    from prunetrain.mt.text.data import build_dataset, make_collator, marian_config, read_parallel, train_tokenizer
 
     pairs = read_parallel(multi30k_dir, "train", limit=64)
     tokenizer = train_tokenizer(pairs, vocab_size=300)
@@ -393,7 +393,7 @@ def test_results_with_nan_are_never_written_as_json():
 # ---------------------------------------------------------------------------------------------------------------------
 def _finished_run(out: Path, recipe) -> dict:
     """A finished run directory of `recipe` (what --overwrite would replace); returns its tree."""
-    from prunetrain.mt.run_dir import mark_complete, prepare_output_dir
+    from prunetrain.mt.run.run_dir import mark_complete, prepare_output_dir
 
     prepare_output_dir(out, recipe, resume=False, overwrite=False)
     (out / "results.json").write_text(json.dumps({"train_minutes": 1.5}))
@@ -403,7 +403,7 @@ def _finished_run(out: Path, recipe) -> dict:
 
 def _layout_file(tmp_path: Path, heads: list[int]) -> Path:
     """A prunetrain_layout.json of the smoke recipe's model whose first site keeps `heads`."""
-    from prunetrain.mt.data import marian_config
+    from prunetrain.mt.text.data import marian_config
     from transformers import MarianMTModel
 
     layout = pt.find_heads(MarianMTModel(marian_config(300, d_model=32, ffn_dim=8, layers=2, heads=4)))
@@ -417,7 +417,7 @@ def _layout_file(tmp_path: Path, heads: list[int]) -> Path:
 
 def test_initial_architecture_values_are_refused_before_a_finished_run_is_touched(monkeypatch, capsys, tmp_path,
                                                                                   multi30k_dir):
-    from prunetrain.mt.recipe import load_recipe
+    from prunetrain.mt.config.recipe import load_recipe
 
     out = tmp_path / "finished"
     before = _finished_run(out, load_recipe("wmt-small-deen"))
@@ -438,11 +438,11 @@ def test_initial_architecture_values_are_refused_before_a_finished_run_is_touche
 
 def test_a_flop_budget_the_schedule_cannot_use_is_refused_before_the_run_directory(monkeypatch, capsys, tmp_path,
                                                                                    multi30k_dir):
-    from prunetrain.mt.data import read_parallel, train_tokenizer
-    from prunetrain.mt.preflight import step_flops_floor
-    from prunetrain.mt.recipe import load_recipe
-    from prunetrain.mt.run_record import with_data_dir
-    from prunetrain.mt.runner import build_model
+    from prunetrain.mt.text.data import read_parallel, train_tokenizer
+    from prunetrain.mt.run.preflight import step_flops_floor
+    from prunetrain.mt.config.recipe import load_recipe
+    from prunetrain.mt.run.run_record import with_data_dir
+    from prunetrain.mt.run.runner import build_model
     from prunetrain.cli.recipes import _smoke_overrides
 
     recipe = with_data_dir(load_recipe("wmt-small-deen", _smoke_overrides("wmt-small-deen")), multi30k_dir)
@@ -486,8 +486,8 @@ def test_the_cooldown_never_divides_by_an_underflowed_product():
 def test_flop_points_one_step_crosses_together_are_each_reported():
     from types import SimpleNamespace
 
-    from prunetrain.mt.preflight import merged_flop_points
-    from prunetrain.mt.recipe import load_recipe
+    from prunetrain.mt.run.preflight import merged_flop_points
+    from prunetrain.mt.config.recipe import load_recipe
 
     recipe = load_recipe("wmt-small-deen", ["eval.test_flops=[0.25, 0.26, 0.5, 0.9]", "train.max_flops=100"])
     clock = SimpleNamespace(flops=60, records=[{"kind": "flops", "flops_target": 26.0, "flops": 27, "step": 3},
@@ -496,7 +496,7 @@ def test_flop_points_one_step_crosses_together_are_each_reported():
 
 
 def test_the_report_says_a_flop_budget_defines_the_run():
-    from prunetrain.mt.report import _points_lines
+    from prunetrain.mt.run.report import _points_lines
 
     cap = {"max_minutes": 60, "fired": False, "planned_steps": 5448}
     by_flops = _points_lines({"time_cap": cap, "max_flops": 1.78e14, "flop_budget_reached_at_step": 2250,
@@ -531,12 +531,12 @@ def test_the_time_cap_names_the_flop_budget_as_the_end(caplog):
 
 def test_a_resume_refuses_a_replaced_tokenizer(monkeypatch, capsys, tmp_path, multi30k_dir):
     from prunetrain.cli.recipes import _smoke_overrides
-    from prunetrain.mt.data import read_parallel, train_tokenizer
-    from prunetrain.mt.preflight import write_tokenizer_record
-    from prunetrain.mt.recipe import load_recipe
-    from prunetrain.mt.run_dir import prepare_output_dir
-    from prunetrain.mt.eval_sets import load_test_sets
-    from prunetrain.mt.run_record import data_record, with_data_dir
+    from prunetrain.mt.text.data import read_parallel, train_tokenizer
+    from prunetrain.mt.run.preflight import write_tokenizer_record
+    from prunetrain.mt.config.recipe import load_recipe
+    from prunetrain.mt.run.run_dir import prepare_output_dir
+    from prunetrain.mt.evaluation.eval_sets import load_test_sets
+    from prunetrain.mt.run.run_record import data_record, with_data_dir
 
     recipe = with_data_dir(load_recipe("wmt-small-deen", _smoke_overrides("wmt-small-deen")), multi30k_dir)
     limit = recipe.data.train_limit
@@ -594,8 +594,8 @@ def test_a_missing_test_set_is_refused_before_the_run_directory_is_touched(monke
 # records are checked, not trusted: the precision a checkpoint was trained in
 # ---------------------------------------------------------------------------------------------------------------------
 def test_a_measured_run_without_its_precision_record_is_not_resumed(tmp_path):
-    from prunetrain.mt.recipe import load_recipe
-    from prunetrain.mt.run_settings import measured_settings
+    from prunetrain.mt.config.recipe import load_recipe
+    from prunetrain.mt.run.run_settings import measured_settings
 
     recipe = load_recipe("wmt-small-deen", ["train.precision=measure"])
     (tmp_path / "checkpoint-8").mkdir()
@@ -605,7 +605,7 @@ def test_a_measured_run_without_its_precision_record_is_not_resumed(tmp_path):
 
 
 def test_a_checkpoint_is_resumed_only_in_the_settings_it_was_trained_in(tmp_path):
-    from prunetrain.mt.run_settings import SETTINGS_IN_CHECKPOINT, check_checkpoint_settings
+    from prunetrain.mt.run.run_settings import SETTINGS_IN_CHECKPOINT, check_checkpoint_settings
 
     checkpoint = tmp_path / "checkpoint-8"
     checkpoint.mkdir()
@@ -622,7 +622,7 @@ def test_a_resume_refuses_a_checkpoint_trained_in_another_precision(smoke_recipe
     """Every checkpoint of a run records the precision and attention it was trained in; a resume that would go on
     in another one (its record edited, another machine's `auto`) is refused in one line and changes nothing."""
     from conftest import run_cli
-    from prunetrain.mt.run_settings import SETTINGS_IN_CHECKPOINT
+    from prunetrain.mt.run.run_settings import SETTINGS_IN_CHECKPOINT
 
     out, result = smoke_recipe_run
     assert result.returncode == 0, result.stderr[-3000:]

@@ -3,7 +3,7 @@
 Rank 0 alone writes the run directory and trains the tokenizer (the other rank waits, then loads it), the Trainer
 trains data-parallel on the recipe's global batch (split over the ranks), rank 0 evaluates and reports, and the JSON
 summary is printed once. With dropout off (each rank draws its own dropout masks) and fp32, the run ends with the
-heads, the test translations and the BLEU of the single-process run. `prunetrain.mt.ranks` holds the rank logic.
+heads, the test translations and the BLEU of the single-process run. `prunetrain.mt.run.ranks` holds the rank logic.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from conftest import REPO, run_cli
-from prunetrain.mt import ranks
+from prunetrain.mt.run import ranks
 from test_distributed import _env, _free_port
 
 SMOKE = ("recipe", "wmt-small-deen", "--smoke", "--set", "model.dropout=0", "--set", "train.precision=fp32",

@@ -32,7 +32,7 @@ import prunetrain as pt
 from prunetrain.engine.mask import owner_label
 from prunetrain.engine.remote_code import GUARD_MESSAGE_MASKED
 from prunetrain.export.formats import export
-from prunetrain.mt.data import build_dataset, make_collator, marian_config, read_parallel, train_tokenizer
+from prunetrain.mt.text.data import build_dataset, make_collator, marian_config, read_parallel, train_tokenizer
 from tests.conftest import run_cli
 from tests.test_seams_trainer import _load_without_prunetrain
 

@@ -26,7 +26,7 @@ import transformers
 from transformers import TrainerCallback
 
 import prunetrain as pt
-from prunetrain.mt.data import read_parallel, train_tokenizer
+from prunetrain.mt.text.data import read_parallel, train_tokenizer
 from tests.conftest import run_cli
 
 BATCH = 16
@@ -64,7 +64,7 @@ def _gqa_lm(tokenizer, pairs):
 
 
 def _translator(tokenizer, pairs):
-    from prunetrain.mt.data import build_dataset, make_collator, marian_config
+    from prunetrain.mt.text.data import build_dataset, make_collator, marian_config
 
     model = transformers.MarianMTModel(marian_config(tokenizer, d_model=32, ffn_dim=64, layers=2, heads=4,
                                                      dropout=0.0, attn_implementation="eager"))

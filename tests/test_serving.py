@@ -14,7 +14,7 @@ from transformers import DataCollatorForLanguageModeling, Trainer, TrainingArgum
 import prunetrain as pt
 from prunetrain.export.formats import export
 from prunetrain.methods.constraints import ServingConstraints
-from prunetrain.mt.data import read_parallel, train_tokenizer
+from prunetrain.mt.text.data import read_parallel, train_tokenizer
 from prunetrain.zoo import tiny_model
 
 BATCH = 16

@@ -173,6 +173,23 @@ def test_shrink_rejects_a_mask_for_another_model_and_detaches_its_own():
     assert not mask.attached and pt.attached_masks(model) == []
 
 
+def test_a_mask_attached_to_one_model_does_not_shrink_a_copy_made_before():
+    """Issue 63: a mask attached to A used to shrink B (a copy made before attaching) and detach itself from A."""
+    model = tiny_model("bert")
+    inputs = tiny_inputs("bert")
+    copy_before = copy.deepcopy(model)
+    original = {k: v.clone() for k, v in copy_before.state_dict().items()}
+    mask = random_mask(model, seed=1).attach(model)
+    masked = model(**inputs).logits
+    with pytest.raises(ValueError, match=r"^mask: it is attached to another model .*mask\.copy\(\)\)\.$"):
+        pt.shrink(copy_before, mask)
+    assert mask.attached and pt.attached_masks(model) == [mask]  # still on A
+    assert torch.equal(model(**inputs).logits, masked)
+    assert all(torch.equal(v, original[k]) for k, v in copy_before.state_dict().items())  # B untouched
+    pt.shrink(copy_before, mask.copy())  # a detached copy shrinks B to what A computes
+    assert torch.allclose(copy_before(**inputs).logits, masked, atol=1e-5)
+
+
 def test_a_deep_copy_with_copied_mask_hooks_is_refused_by_shrink():
 
     model = tiny_model("bert")

@@ -7,8 +7,8 @@ import pytest
 from sacrebleu.metrics import BLEU
 
 from prunetrain.methods.significance import paired_bootstrap, resample_counts
-from prunetrain.mt.bleu_stats import bleu_from_stats, bleu_sentence_stats
-from prunetrain.mt.data import read_parallel
+from prunetrain.mt.evaluation.bleu_stats import bleu_from_stats, bleu_sentence_stats
+from prunetrain.mt.text.data import read_parallel
 
 
 @pytest.fixture(scope="module")

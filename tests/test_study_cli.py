@@ -25,9 +25,9 @@ def memorized(tmp_path_factory, multi30k_dir):
     parallel-text directory whose train/valid/test splits are those six pairs (written at test time)."""
     from transformers import MarianMTModel
 
-    from prunetrain.mt.data import build_dataset, make_collator, marian_config, read_parallel, train_tokenizer, \
+    from prunetrain.mt.text.data import build_dataset, make_collator, marian_config, read_parallel, train_tokenizer, \
         write_lines
-    from prunetrain.mt.translation import save_translation_model
+    from prunetrain.mt.evaluation.translation import save_translation_model
 
     pairs = read_parallel(multi30k_dir, "train", limit=300)
     tokenizer = train_tokenizer(pairs, vocab_size=300)
@@ -58,9 +58,9 @@ def _scores_with_mask(model_dir: Path, data: Path, drop: dict[str, list[int]], l
     """`evaluate_bleu` (with per-sentence statistics) on the six valid pairs (the first `limit` of them) with the
     heads in `drop` masked, computed here (not by the study code)."""
     from prunetrain.engine.mask import HeadMask
-    from prunetrain.mt.data import read_parallel
+    from prunetrain.mt.text.data import read_parallel
     from prunetrain.engine.model_dir import load_model_dir
-    from prunetrain.mt.translation import evaluate_bleu, load_model_tokenizer
+    from prunetrain.mt.evaluation.translation import evaluate_bleu, load_model_tokenizer
 
     model = load_model_dir(model_dir).eval()
     tokenizer = load_model_tokenizer(model_dir, None)
@@ -76,7 +76,7 @@ def _bleu_with_mask(model_dir: Path, data: Path, drop: dict[str, list[int]], lim
 def _p_value_by_hand(model_dir: Path, data: Path, drop: dict[str, list[int]]) -> float:
     """The paired bootstrap p-value of masking `drop` against the full model (1000 resamples, seed 0)."""
     from prunetrain.methods.significance import paired_bootstrap
-    from prunetrain.mt.bleu_stats import bleu_from_stats
+    from prunetrain.mt.evaluation.bleu_stats import bleu_from_stats
 
     base = _scores_with_mask(model_dir, data, {})["sentence_stats"]
     return paired_bootstrap(base, _scores_with_mask(model_dir, data, drop)["sentence_stats"], bleu_from_stats)

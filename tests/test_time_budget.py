@@ -15,8 +15,8 @@ from test_training_flops import _marian, tiny_mt  # noqa: F401 (tiny_mt: the fix
 from transformers import Seq2SeqTrainer, Seq2SeqTrainingArguments, TrainerCallback
 
 import prunetrain as pt
-from prunetrain.mt.data import build_dataset, make_collator
-from prunetrain.mt.recipe import load_recipe
+from prunetrain.mt.text.data import build_dataset, make_collator
+from prunetrain.mt.config.recipe import load_recipe
 from prunetrain.training.callbacks import HeadPruningCallback, restore_layout
 from prunetrain.training.cooldown import FlopCooldownCallback, TrainTimeCooldownCallback, budget_cooldown, \
     cooldown_factor
@@ -319,7 +319,7 @@ def test_the_recipe_runs_for_a_training_time_budget(tmp_path, multi30k_dir, monk
     fake time source and a collator that sleeps 1/16 s per batch: training stops at the first step whose clock reaches
     the budget (not at the epochs' end), test BLEU is taken at `eval.test_times` shares of it, and results.json
     records the clock and the budget, exactly."""
-    import prunetrain.mt.data as data
+    import prunetrain.mt.text.data as data
     from hostile import run_main
 
     make_collator = data.make_collator

@@ -14,7 +14,7 @@ from transformers import MarianMTModel, Seq2SeqTrainer, Seq2SeqTrainingArguments
 
 import prunetrain as pt
 from prunetrain.bench.step_flops import BatchShape, StepFlopModel, batch_shape, measured_step_flops
-from prunetrain.mt.data import build_dataset, collate_batches, make_collator, marian_config, read_parallel, \
+from prunetrain.mt.text.data import build_dataset, collate_batches, make_collator, marian_config, read_parallel, \
     train_tokenizer
 from prunetrain.training.callbacks import HeadPruningCallback
 from prunetrain.training.compute import TrainingFlopMeter

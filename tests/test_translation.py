@@ -10,12 +10,10 @@ import torch
 from transformers import MarianMTModel
 
 import prunetrain as pt
-from prunetrain.mt.data import PAD_ID, marian_config_small, read_parallel
+from prunetrain.mt.text.data import PAD_ID, marian_config_small, read_parallel
 from prunetrain.utils.device import bf16_is_fast
-from prunetrain.mt.translation import (
-    evaluate_bleu, evaluate_directory, load_translation_model, save_translation_model,
-    score_translations, translate,
-)
+from prunetrain.mt.evaluation.translation import (evaluate_bleu, evaluate_directory, load_translation_model,
+                                                  save_translation_model, score_translations, translate, )
 
 
 
@@ -173,8 +171,8 @@ def test_a_shrunk_model_with_a_headless_decoder_self_attention_translates_like_t
     from transformers import MarianMTModel
 
     import prunetrain as pt
-    from prunetrain.mt.data import marian_config
-    from prunetrain.mt.translation import translate
+    from prunetrain.mt.text.data import marian_config
+    from prunetrain.mt.evaluation.translation import translate
 
     torch.manual_seed(0)
     model = MarianMTModel(marian_config(m30k_tokenizer, d_model=32, ffn_dim=64, layers=2, heads=4)).eval()

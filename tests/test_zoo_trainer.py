@@ -21,7 +21,7 @@ from transformers import (DataCollatorForLanguageModeling, DataCollatorWithPaddi
 import prunetrain as pt
 from prunetrain.engine.heads import attention_sites
 from prunetrain.engine.persist import shrink_to_layout
-from prunetrain.mt.data import read_parallel, train_tokenizer
+from prunetrain.mt.text.data import read_parallel, train_tokenizer
 from prunetrain.zoo import tiny_config, tiny_model
 
 BATCH = 32

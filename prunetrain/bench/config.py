@@ -10,6 +10,7 @@ from typing import Any, Callable, Mapping, Sequence
 import torch
 
 from prunetrain.bench.timing import ORDERS
+from prunetrain.utils.door import checked
 from prunetrain.utils.validate import allowed_text, check_bool, check_choice, check_int, check_ints
 
 DTYPES = ("fp32", "bf16")
@@ -147,6 +148,7 @@ FIELD_ORDER = ("batch_sizes", "seq_lens", "tgt_len", "inputs", "dtype", "forward
 _GROUP_OF = {f.name: name for name, cls in GROUPS.items() for f in fields(cls)}
 
 
+@checked(own=("workload", "calls", "timing", "report"))
 @dataclass(init=False)
 class BenchConfig:
     """What `benchmark` measures and how, in four records: `workload` (`BenchWorkload`: batch sizes, lengths,

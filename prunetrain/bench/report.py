@@ -8,6 +8,7 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Mapping, Sequence
+from prunetrain.utils.door import checked
 
 JSON_FORMAT = "prunetrain.BenchResult/1"
 
@@ -24,6 +25,7 @@ def ideal_columns(speedup: float, pair_speedup: float, ideal: float | None) -> d
     }
 
 
+@checked
 @dataclass
 class BenchResult:
     """Everything one benchmark measured: `meta` (settings, environment), `models` (label -> size info) and

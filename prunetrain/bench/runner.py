@@ -44,6 +44,7 @@ from prunetrain.bench.profiling import MATMUL_OPS, breakdown_table, op_breakdown
 from prunetrain.bench.report import JSON_FORMAT, BenchResult, format_table
 from prunetrain.bench.timing import ORDERS, Alternation, alternate, compare_times, summarize
 from prunetrain.utils.device import default_device
+from prunetrain.utils.door import checked
 
 __all__ = [
     "DTYPES",
@@ -66,6 +67,7 @@ __all__ = [
 # also importable from here as before the split: JSON_FORMAT, MATMUL_OPS, format_table
 
 
+@checked
 def benchmark(model_a: nn.Module, model_b: nn.Module | Mapping[str, nn.Module], config: BenchConfig | None = None,
               *, progress: Callable[[str], Any] | None = None, **options) -> BenchResult:
     """Compare `model_a` (the original) with `model_b` (a pruned / shrunk model, or `{label: model}` variants).

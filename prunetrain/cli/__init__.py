@@ -29,20 +29,36 @@ from prunetrain.cli import study as _study  # noqa: F401  (study ...)
 from prunetrain.cli.common import UserError, app
 
 
-def _one_line(err: BaseException) -> str:
+def _one_line(err: BaseException | str) -> str:
     message = err.args[0] if isinstance(err, KeyError) and err.args else str(err)
     return " ".join(str(message).split()) or type(err).__name__
 
 
 def main() -> None:
-    """Entry point: usage errors are typer's (exit code 2, with usage); errors in what the user gave become one
-    line on stderr and exit code 2 (`PRUNETRAIN_DEBUG=1`: the original exception and its traceback instead)."""
+    """Entry point: errors in what the user gave (a flag's value typer cannot read, such as `--num-beams 1.5`, an
+    unknown flag, or a value the library refuses) become one line on stderr and exit code 2 (`PRUNETRAIN_DEBUG=1`:
+    the original exception and its traceback instead); no arguments at all show the help."""
+    # click's exceptions, wherever this typer takes click from (its own copy since typer 0.2x, click before)
+    click_errors = sys.modules[typer.BadParameter.__module__]
+    no_args = getattr(click_errors, "NoArgsIsHelpError", ())
     debug = os.environ.get("PRUNETRAIN_DEBUG") == "1"
     from prunetrain.utils import progress
 
     progress.enable()  # bars on stderr when it is a terminal (or PRUNETRAIN_PROGRESS=1)
     try:
-        app()
+        code = app(standalone_mode=False)  # click's errors come here instead of its multi-line usage panel
+        sys.exit(code if isinstance(code, int) and not isinstance(code, bool) else 0)  # as standalone mode ends
+    except no_args as err:
+        err.show()
+        sys.exit(err.exit_code)
+    except typer.Abort:  # as click's standalone mode reports it
+        typer.echo("Aborted!", err=True)
+        sys.exit(1)
+    except click_errors.ClickException as err:
+        if debug:
+            raise
+        typer.echo(f"prunetrain: error: {_one_line(err.format_message())}", err=True)
+        sys.exit(err.exit_code)
     except (UserError, ValueError, TypeError, KeyError, OSError, RecursionError) as err:
         if debug:
             raise

@@ -28,7 +28,6 @@ def emit(result: dict, output: Optional[Path], what: str = "result") -> None:
     """Print `result` as standard JSON (a NaN is an error naming its key, never a `NaN` token) and write it to
     `output` (checked by the command before any work) atomically."""
     from prunetrain.utils.files import dumps_strict
-
     from prunetrain.utils.write_errors import write_errors
 
     text = dumps_strict(result, what, indent=1, default=str)
@@ -90,7 +89,7 @@ def translation_model_dir(path: Path, argument: str = "model") -> Path:
 
 
 def load_tokenizer(model: Path, tokenizer: Optional[Path]):
-    from prunetrain.mt.translation import load_model_tokenizer
+    from prunetrain.mt.evaluation.translation import load_model_tokenizer
 
     if tokenizer is not None and not (tokenizer / "tokenizer.json").is_file():
         raise UserError(f"--tokenizer: {str(tokenizer)!r} holds no tokenizer.json.")
@@ -125,7 +124,7 @@ def check_positive(**flags: int) -> None:
 
 def translation_batches(model_dir: Path, tokenizer_dir: Optional[Path], data_dir: Path, split: str,
                          num_batches: int, batch_size: int, net):
-    from prunetrain.mt.data import build_dataset, collate_batches, make_collator, read_parallel
+    from prunetrain.mt.text.data import build_dataset, collate_batches, make_collator, read_parallel
 
     tokenizer = load_tokenizer(model_dir, tokenizer_dir)
     pairs = read_parallel(data_dir, split, limit=num_batches * batch_size)

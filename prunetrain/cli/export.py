@@ -22,8 +22,9 @@ def export_command(
                                help="remote-code (self-contained, trust_remote_code=True) | uniform (standard "
                                     "config, same heads everywhere, one FFN width per config key) | padded "
                                     "(original shapes, removed heads and FFN neurons zero: exact, no speed-up) | "
-                                    "onnx (ONNX Runtime graphs) | gguf (llama.cpp, Llama "
-                                    "family, per-layer heads) | ctranslate2 (CTranslate2: Marian, BART, "
+                                    "onnx (ONNX Runtime graphs) | gguf (llama.cpp: Llama family with per-layer "
+                                    "heads; Qwen3, Gemma 2/3, Phi-3, OLMo 2, Granite with zero heads padding every "
+                                    "layer to the same count) | ctranslate2 (CTranslate2: Marian, BART, "
                                     "mBART, M2M-100/NLLB, Pegasus; heads padded per stack, per-layer FFN widths)."),
     gguf_type: Optional[str] = typer.Option(None, "--gguf-type", help="With --format gguf: f32 (default, exact), "
                                                                       "f16 or q8_0 (checked within a stated "
@@ -59,8 +60,12 @@ def export_command(
         from prunetrain.export.formats import check_formats
 
         reasons = check_formats(source)
-        emit({"source": str(source), "formats": {f: {"possible": r is None, **({"why_not": r} if r else {})}
-                                                  for f, r in reasons.items()}}, None)
+        formats = {f: {"possible": r is None, **({"why_not": r} if r else {})} for f, r in reasons.items()}
+        if reasons.get("gguf") is None and _pads_heads_in_gguf(config):  # the zero heads and neurons it runs
+            from prunetrain.export.gguf import gguf_padding
+
+            formats["gguf"]["padding"] = gguf_padding(source)
+        emit({"source": str(source), "formats": formats}, None)
         return
     if destination is None:
         raise UserError("destination: missing; usage: prunetrain export SOURCE DESTINATION --format FORMAT.")
@@ -87,3 +92,17 @@ def _check_format_installed(format: str) -> None:
         missing = llama_cpp_missing()
         if missing is not None:
             raise UserError(f"--format: gguf is checked in llama.cpp; {missing}")
+
+
+def _pads_heads_in_gguf(config: Path) -> bool:
+    """Whether the model of `config` is of a family whose GGUF export pads every layer's heads to the same count."""
+    import json
+
+    from prunetrain.engine.remote_code import MODEL_TYPE_SUFFIX
+    from prunetrain.export.gguf_families import FAMILY_ARCH
+
+    try:
+        model_type = json.loads(config.read_text(encoding="utf-8")).get("model_type")
+    except (OSError, ValueError, AttributeError):
+        return False
+    return isinstance(model_type, str) and model_type.removesuffix(MODEL_TYPE_SUFFIX) in FAMILY_ARCH

@@ -9,9 +9,9 @@ from typing import Optional
 
 import typer
 
-from prunetrain.cli.common import (TOKENIZER_HELP, UserError, app, check_data_dir, check_output_dir,
-                                   check_output_file, check_positive, emit, load_model, parse_fractions,
-                                   parse_ints, translation_batches, translation_model_dir)
+from prunetrain.cli.common import (TOKENIZER_HELP, UserError, app, check_data_dir, check_output_dir, check_output_file,
+                                   check_positive, emit, load_model, parse_fractions, parse_ints, translation_batches,
+                                   translation_model_dir)
 from prunetrain.utils import output_paths
 from prunetrain.utils.validate import check_choice, check_int
 
@@ -79,7 +79,7 @@ def prune(
     from prunetrain.methods.flop_budget import select_by_flops
     from prunetrain.methods.importance import head_importance
     from prunetrain.methods.selection import select_heads
-    from prunetrain.mt.translation import save_translation_model
+    from prunetrain.mt.evaluation.translation import save_translation_model
     from prunetrain.utils.validate import check_amount, check_fraction
 
     check_positive(num_batches=num_batches, batch_size=batch_size)
@@ -108,7 +108,7 @@ def prune(
         with output_paths.staging_directory(output) as staging:  # everything read; output may be the model itself
             save_translation_model(net, tok, staging / "model")
             mask.to_json(staging / "model" / "mask.json")
-            output_paths.replace_directory(staging / "model", output)  # the old one whole until the new one is
+            output_paths.replace_directory(staging / "model", output, kind="model")  # old one whole until now
     emit(_kept_summary(output, layout), None)
 
 
@@ -155,7 +155,7 @@ def shrink(
         with output_paths.staging_directory(output) as staging:  # everything read; output may be the model itself
             save_pruned(net, staging / "model")
             _copy_tokenizer(model, staging / "model")
-            output_paths.replace_directory(staging / "model", output)  # the old one whole until the new one is
+            output_paths.replace_directory(staging / "model", output, kind="model")  # old one whole until now
     emit(_kept_summary(output, layout), None)
 
 
@@ -226,8 +226,8 @@ def curve(
     Parallel text only (translation models): for another model and metric use the Python API,
     `prunetrain.pruning_curve(model, metric, ...)`."""
     from prunetrain.methods.curve import ORDERS, Ranking, pruning_curve
-    from prunetrain.mt.data import read_parallel
-    from prunetrain.mt.metrics import bleu_metric
+    from prunetrain.mt.evaluation.metrics import bleu_metric
+    from prunetrain.mt.text.data import read_parallel
 
     check_positive(sentences=sentences, beams=beams, batch_size=batch_size, num_batches=num_batches)
     check_choice("--order", order, ORDERS)

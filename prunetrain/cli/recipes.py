@@ -21,13 +21,14 @@ def recipe(
     data_dir: Optional[Path] = typer.Option(None, help="Parallel-text directory (train|valid|test.{de,en})."),
     output: Optional[Path] = typer.Option(None, help="Run directory (default checkpoints/<recipe>)."),
     resume: bool = typer.Option(False, help="Continue the unfinished run in --output (same recipe)."),
-    overwrite: bool = typer.Option(False, help="Delete what --output holds and start again."),
+    overwrite: bool = typer.Option(False, help="Replace the run --output holds (a run prunetrain wrote); it is kept "
+                                               "whole beside it until the new run is complete."),
     smoke: bool = typer.Option(False, help="The recipe's small preset: the whole pipeline in a few minutes."),
     list_: bool = typer.Option(False, "--list", help="List the available recipes."),
     show: bool = typer.Option(False, help="Validate the recipe (with overrides), print it as YAML and exit."),
 ):
     """Run a recipe end to end (e.g. `prunetrain recipe wmt-small-deen`)."""
-    from prunetrain.mt.recipe import available_recipes, load_recipe, recipe_to_yaml
+    from prunetrain.mt.config.recipe import available_recipes, load_recipe, recipe_to_yaml
 
     if list_:
         for item in available_recipes():
@@ -39,12 +40,12 @@ def recipe(
         raise UserError("--resume and --overwrite: choose one (resume continues the run, overwrite deletes it).")
     overrides = (_smoke_overrides(name) if smoke else []) + list(set_)
     config = load_recipe(name, overrides)  # fully validated: types, ranges and cross-field rules
-    from prunetrain.mt.run_checks import check_with_local_data
-    from prunetrain.mt.run_record import with_data_dir
+    from prunetrain.mt.run.run_checks import check_with_local_data
+    from prunetrain.mt.run.run_record import with_data_dir
 
     config = with_data_dir(config, data_dir)  # --data-dir is data.dir: recipe.yaml and results.json record it
     check_with_local_data(config)  # what the run checks against its data, where the data is here already
-    from prunetrain.mt.preflight import check_initial_architecture
+    from prunetrain.mt.run.preflight import check_initial_architecture
 
     check_initial_architecture(config)  # init_layout's file and fit, init_heads: before --show or any write
     if show:
@@ -55,14 +56,18 @@ def recipe(
     run_kwargs = dict(data_dir=str(data_dir) if data_dir else None, resume=resume, overwrite=overwrite,
                       progress=progress_line)
     if config.kind == "l0-sweep":
-        from prunetrain.mt.l0_sweep import run_gate_sweep
-        from prunetrain.mt.ranks import launched_world_size
+        from prunetrain.mt.run.l0_sweep import run_gate_sweep
+        from prunetrain.mt.run.ranks import launched_world_size
 
         if launched_world_size() > 1:
             raise UserError(f"recipe: {config.name!r} is an l0-sweep recipe, which runs in one process; start it "
                             f"without torchrun (the translation recipes run under torchrun).")
 
-        with output_paths.output_lock(out), contextlib.redirect_stdout(sys.stderr):  # one writer; stdout: JSON
+        from prunetrain.mt.run.run_dir import replaced_run_kept
+
+        # one writer; stdout: JSON; --overwrite: the old run back in place if the sweep does not finish
+        with output_paths.output_lock(out), contextlib.redirect_stdout(sys.stderr), \
+                replaced_run_kept(out, progress_line):
             results = run_gate_sweep(config, out, **run_kwargs)
         summary = {"output": str(out), "full_bleu": results["full_bleu"], "minutes": round(results["minutes"], 2),
                    "runs": [{k: r[k] for k in ("label", "heads_kept", "kept_per_kind", "bleu")}
@@ -71,7 +76,7 @@ def recipe(
             summary["scratch_bleu"] = results["scratch"]["bleu"]
         emit(summary, None)
         return
-    from prunetrain.mt.runner import run_recipe
+    from prunetrain.mt.run.runner import run_recipe
 
     with contextlib.redirect_stdout(sys.stderr):  # the Trainer prints its logs: stdout carries only the JSON
         results = run_recipe(config, out, **run_kwargs)
@@ -96,7 +101,8 @@ def compare(
     output: Path = typer.Option(..., help="New directory for compare.md, compare.json and compare.png."),
     names: Optional[str] = typer.Option(None, help="Comma-separated run names (default: the directory names); runs "
                                                    "sharing a name are seeds of one arm (mean ± sd, paired tests)."),
-    bootstrap_samples: int = typer.Option(1000, help="Resamples of the paired bootstrap between final models."),
+    bootstrap_samples: Optional[int] = typer.Option(None, help="Resamples of the paired bootstrap between final "
+                                                               "models [default: 1000; not with --validation-only]."),
     validation_only: bool = typer.Option(False, "--validation-only",
                                          help="Only what a choice may look at: validation BLEU/chrF, validation BLEU "
                                               "at equal FLOPs and the arm validation chooses; no test score is read "
@@ -105,14 +111,15 @@ def compare(
     """Recipe runs side by side: BLEU at equal training FLOPs, equal steps and equal training time, seeds as mean ±
     sd, every test set (BLEU, chrF), paired t-test and sign-flip test across seeds, paired bootstrap between final
     models, the arm validation chooses, speed, heads (e.g. pruning during training vs pruning off)."""
-    from prunetrain.mt.compare import comparison_markdown, write_comparison
+    from prunetrain.mt.comparison.compare import comparison_markdown, write_comparison
 
-    check_positive(bootstrap_samples=bootstrap_samples)
+    if bootstrap_samples is not None:
+        check_positive(bootstrap_samples=bootstrap_samples)
     output_paths.check_disjoint(output, {f"run {str(run)!r}": run for run in runs})  # never into or around a run
     labels = [n.strip() for n in names.split(",")] if names is not None else None  # '' is refused, not ignored
     result = write_comparison(runs, output, labels, samples=bootstrap_samples, validation_only=validation_only)
     if validation_only:
-        from prunetrain.mt.compare_validation import validation_markdown
+        from prunetrain.mt.comparison.compare_validation import validation_markdown
 
         typer.echo(validation_markdown(result), err=True)
         emit({"output": str(output), **result}, None)
@@ -125,8 +132,8 @@ def compare(
 
 
 def _smoke_overrides(name: str) -> list[str]:
-    from prunetrain.mt.data import read_lines
-    from prunetrain.mt.recipe import RECIPES_DIR, recipe_path
+    from prunetrain.mt.config.recipe import RECIPES_DIR, recipe_path
+    from prunetrain.mt.text.data import read_lines
 
     path = recipe_path(name)
     preset = path.with_suffix(".smoke")

@@ -18,7 +18,6 @@ from prunetrain.cli.common import (TOKENIZER_HELP, UserError, app, check_data_di
                                    load_tokenizer, parse_fractions, parse_ints, translation_batches)
 
 
-
 class _StudyGroup(TyperGroup):
     """`prunetrain study NAME`: an unknown NAME is a one-line error naming the studies (like every other bad
     argument), not click's usage box."""
@@ -86,8 +85,8 @@ def _bleu(model: Path, tokenizer: Optional[Path], data_dir: Path, split: str, se
           batch_size: int, sentence_stats: bool = False):
     """(metric, settings): sacreBLEU of the first `sentences` pairs of `split`, and what determines it; with
     `sentence_stats` the metric can be tested for significance."""
-    from prunetrain.mt.data import read_parallel
-    from prunetrain.mt.metrics import bleu_metric
+    from prunetrain.mt.evaluation.metrics import bleu_metric
+    from prunetrain.mt.text.data import read_parallel
 
     tok = load_tokenizer(model, tokenizer)
     pairs = read_parallel(data_dir, split, limit=sentences)

@@ -12,7 +12,6 @@ import typer
 from prunetrain.cli.common import (TOKENIZER_HELP, app, check_data_dir, check_output_file, check_positive, emit,
                                    load_model, load_tokenizer, translation_model_dir)
 
-
 MAX_LINE_BYTES = 1 << 20
 """The longest input line `translate` reads (1 MiB): far beyond any sentence a translation model's positions hold."""
 MAX_INPUT_BYTES = 256 << 20
@@ -20,10 +19,10 @@ MAX_INPUT_BYTES = 256 << 20
 
 
 def read_input_lines(stream, name: str) -> list[str]:
-    """The lines of a binary `stream` (split at `\\n` only, as `prunetrain.mt.data.split_lines`), read line by line
+    """The lines of a binary `stream` (split at `\\n` only, as `prunetrain.mt.text.data.split_lines`), read line by line
     and bounded: a line longer than `MAX_LINE_BYTES`, a NUL byte (binary input such as /dev/zero) or more than
     `MAX_INPUT_BYTES` in all is refused as soon as it is read, naming the line."""
-    from prunetrain.mt.data import decode_utf8, split_lines
+    from prunetrain.mt.text.data import decode_utf8, split_lines
 
     chunks, total = [], 0
     while True:
@@ -59,7 +58,7 @@ def evaluate(
     output: Optional[Path] = typer.Option(None, help="Write the JSON here too."),
 ):
     """sacreBLEU (with signature) and chrF of a saved model on a parallel text directory."""
-    from prunetrain.mt.translation import evaluate_directory
+    from prunetrain.mt.evaluation.translation import evaluate_directory
 
     check_positive(beams=beams, batch_size=batch_size, **({"limit": limit} if limit is not None else {}))
     translation_model_dir(model)
@@ -83,8 +82,8 @@ def translate(
 ):
     """Translate a file line by line: line i of the output is the translation of line i of the input (lines end at
     `\\n` only; a line break inside a translation becomes a space)."""
-    from prunetrain.mt.data import format_lines, write_lines
-    from prunetrain.mt.translation import translate as run_translate
+    from prunetrain.mt.evaluation.translation import translate as run_translate
+    from prunetrain.mt.text.data import format_lines, write_lines
 
     check_positive(beams=beams, batch_size=batch_size)
     translation_model_dir(model)

@@ -23,6 +23,7 @@ from torch import nn
 
 from prunetrain.engine import registry
 from prunetrain.engine.peft_support import is_peft_wrapper, peft_inner
+from prunetrain.utils.door import checked
 
 KINDS = ("encoder_self", "decoder_self", "cross", "self")
 """Attention kinds: encoder self-attention, decoder self-attention, decoder→encoder (cross) attention, and `self`
@@ -55,6 +56,7 @@ def check_units(units, argument: str = "units") -> tuple[str, ...]:
     return tuple(u for u in UNITS if u in units)
 
 
+@checked
 @dataclass(frozen=True)
 class HeadSite:
     """One prunable site: a multi-head attention site, or an FFN site whose units are neurons.
@@ -92,6 +94,7 @@ class HeadSite:
         return unit_of(self.kind)
 
 
+@checked
 @dataclass(frozen=True)
 class HeadLayout:
     """Every prunable site of a model for the units it describes (`units`: attention heads by default, FFN neurons
@@ -267,10 +270,11 @@ def _nonempty(model: nn.Module, adapter, sites: list[AttentionSite]) -> list[Att
     return sites
 
 
+@checked
 def find_heads(model: nn.Module, discover: bool = False) -> HeadLayout:
     """Every multi-head attention site of a transformers model, as a `HeadLayout`.
 
-    The supported model types are `prunetrain.supported_model_types()` (the README lists them, generated from
+    The supported model types are `prunetrain.supported_families()` (docs/engine.md lists them, generated from
     `prunetrain.zoo`). The result does not depend on the attention backend (eager, sdpa, flex).
 
     Args:
@@ -288,6 +292,7 @@ def find_heads(model: nn.Module, discover: bool = False) -> HeadLayout:
     return find_sites(model, ("heads",), discover=discover)
 
 
+@checked
 def find_neurons(model: nn.Module) -> HeadLayout:
     """Every FFN site of a transformers model, as a `HeadLayout` of neurons (see `find_sites`).
 
@@ -298,6 +303,7 @@ def find_neurons(model: nn.Module) -> HeadLayout:
     return find_sites(model, ("neurons",))
 
 
+@checked
 def find_sites(model: nn.Module, units=("heads", "neurons"), discover: bool = False) -> HeadLayout:
     """Every prunable site of `units` in a transformers model, in module order, as one `HeadLayout`.
 

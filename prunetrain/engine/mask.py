@@ -31,6 +31,7 @@ from prunetrain.engine.heads import (AttentionSite, HeadLayout, all_sites, find_
                                      unwrap_model)
 from prunetrain.engine.peft_support import PlacedHook, module_slots, out_of_place, place_hook
 from prunetrain.engine.remote_code import adopt_loaded_masks, set_mask_recorder, unwatch_config, watch_config
+from prunetrain.utils.door import checked
 
 
 def scale_heads(x: torch.Tensor, values: torch.Tensor, head_dim: int) -> torch.Tensor:
@@ -53,6 +54,7 @@ class _HeadScale(PlacedHook):
         return scale_heads(x, self.keep, self.head_dim)
 
 
+@checked(own=("values",))
 class HeadMask:
     """A keep value per head for every attention site of one model layout.
 
@@ -439,6 +441,7 @@ def stray_mask_hooks(model: nn.Module) -> list[str]:
                    for key, hook in site.out_proj._forward_pre_hooks.items())]
 
 
+@checked
 def attached_masks(model: nn.Module) -> list[HeadMask]:
     """The HeadMasks currently attached to `model` (or to the model inside a DDP / accelerate wrapper)."""
     return list(_attached_masks(model))

@@ -27,14 +27,17 @@ from torch import nn
 from prunetrain.engine.heads import (LAYOUT_CONFIG_KEY, HeadLayout, find_sites, layout_naming, layout_record,
                                      unwrap_model)
 from prunetrain.engine.peft_support import merged_weights
+from prunetrain.engine.read_only import config_kept
 from prunetrain.engine.mask import HeadMask, attach_saved_masks
 from prunetrain.engine.remote_code import LAYOUT_FILE, PORTABLE_ATTENTION, SPEC_KEY, mark_pruned, running_attention
 from prunetrain.engine.shrink import shrink
+from prunetrain.utils.door import checked
 from prunetrain.utils.files import read_json
 from prunetrain.utils.output_paths import check_output_dir, output_lock, replace_directory, staging_directory
 from prunetrain.utils.validate import check_choice
 
 
+@checked
 def save_pruned(model: nn.Module, path: str | os.PathLike, overwrite: bool = False) -> Path:
     """Write `model` (pruned or not) to directory `path`: HF config + safetensors + `prunetrain_layout.json`.
 
@@ -58,7 +61,9 @@ def save_pruned(model: nn.Module, path: str | os.PathLike, overwrite: bool = Fal
     """
     model = unwrap_model(model)
     path = Path(path)
-    with output_lock(path, flag="path"):  # one writer at a time; what `path` holds is checked under the lock
+    # one writer at a time, what `path` holds checked under the lock; the model's config is left as it was given
+    # (save_pretrained sets its dtype and architectures, mark_pruned refreshes the record it writes)
+    with output_lock(path, flag="path"), config_kept(model):
         check_output_dir(path, overwrite=overwrite, flag="path", overwrite_flag="overwrite=True")
         mark_pruned(model)  # the record every save_pretrained of a shrunk model writes, from the model as it is now
         with staging_directory(path) as staging:  # the old directory stays whole until the new one is complete
@@ -66,7 +71,7 @@ def save_pruned(model: nn.Module, path: str | os.PathLike, overwrite: bool = Fal
             attn = running_attention(model.config)
             record = {**layout_record(model), "attn_implementation": attn}
             (staging / LAYOUT_FILE).write_text(json.dumps(record, indent=1))
-            replace_directory(staging, path)  # rename aside, into place, remove the old (prunetrain.utils.output_paths)
+            replace_directory(staging, path, kind="model")  # marked, then swapped in (prunetrain.utils.output_paths)
     return path
 
 
@@ -131,8 +136,9 @@ def check_kept_heads(site: str, kept, original_heads: int) -> list[int]:
     return list(kept)
 
 
+@checked
 def load_pruned(
-    path: str | os.PathLike, device: str | torch.device | None = None, attn_implementation: str | None = None,
+    path: str | os.PathLike, device: str | int | torch.device | None = None, attn_implementation: str | None = None,
     masks: str = "attach",
 ) -> nn.Module:
     """Rebuild a model saved by `save_pruned`, with exactly its per-site heads and weights (in eval mode).

@@ -11,6 +11,7 @@ module, so the arrows inside the engine point one way: `families` â†’ `heads` â†
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Callable, Protocol
+from prunetrain.utils.door import checked
 
 if TYPE_CHECKING:  # pragma: no cover
     from torch import nn
@@ -46,6 +47,7 @@ _ADAPTERS: list[Adapter] = []
 _DISCOVERERS: list[Callable[["nn.Module"], None]] = []  # at most one: the structural discovery of `families`
 
 
+@checked
 def register(cls: type) -> type:
     """Class decorator: make a family adapter available to `find_heads`, `HeadMask` and `shrink`.
 
@@ -74,6 +76,7 @@ def unregister(name: str) -> None:
     del _ADAPTERS[index]
 
 
+@checked
 def supported_families() -> list[str]:
     """Names of the registered adapters."""
     return [a.name for a in _ADAPTERS]

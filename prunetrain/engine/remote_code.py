@@ -27,6 +27,11 @@ and the model width field (`hidden_size`, `d_model`, ...) holds a message that a
 (with or without `ignore_mismatched_sizes`) fails on; the real values are under `prunetrain_export["guard"]`, which
 the modeling file's config class and `prunetrain.load_pruned` restore. Base-class validation (`PretrainedConfig`,
 which the Trainer uses to read a checkpoint's config on resume) never reads the width field.
+
+A model whose shrunk attention runs prunetrain's own code (Phi-3, OLMo 2, FSMT) cannot be rebuilt by a modeling file:
+its directory's `modeling_prunetrain.py` holds only a config class that refuses in one sentence naming
+`prunetrain.load_pruned` (`refusing_source`), so `from_pretrained(path, trust_remote_code=True)` says how to load it
+instead of transformers' "update Transformers" for an unknown `model_type`.
 """
 
 from __future__ import annotations
@@ -376,17 +381,51 @@ def write_pruned_files(config_path: Path, config, model: nn.Module | None = None
         data["attn_implementation"] = attn
     data.pop("auto_map", None)
     directory = config_path.parent
+    module, classes = MODELING_FILE.removesuffix(".py"), spec["classes_of"]
     if standalone:
-        module, classes = MODELING_FILE.removesuffix(".py"), spec["classes_of"]
         data["auto_map"] = {"AutoConfig": f"{module}.{classes['config']}",
                             **{auto: f"{module}.{cls}" for auto, cls in sorted(spec["auto_classes"].items())}}
         if config_path.name == "config.json":
             source = _class_source(classes["config"], classes["model"], spec["auto_classes"])
             (directory / MODELING_FILE).write_text(_TEMPLATE.read_text() + "\n\n" + source)
+    else:  # `from_pretrained(path, trust_remote_code=True)` finds a config class that says how to load it
+        data["auto_map"] = {"AutoConfig": f"{module}.{classes['config']}"}
+        if config_path.name == "config.json":
+            (directory / MODELING_FILE).write_text(refusing_source(classes["config"], message))
     if config_path.name == "config.json":
         layout = {**spec["layout"], "attn_implementation": attn}
         (directory / LAYOUT_FILE).write_text(json.dumps(layout, indent=1))
     config_path.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+
+
+REFUSING_SOURCE = '''"""Written by prunetrain beside a pruned model whose attention runs code only prunetrain has,
+so no modeling file can rebuild it with transformers alone: `AutoConfig` / `AutoModel*.from_pretrained(path,
+trust_remote_code=True)` find this config class, which refuses in one sentence naming the loader that rebuilds the
+model exactly."""
+
+import transformers
+
+MESSAGE = {message!r}
+
+
+class {name}(getattr(transformers, "PreTrainedConfig", None) or transformers.PretrainedConfig):
+    """Refuses to load (`MESSAGE`)."""
+
+    @classmethod
+    def from_pretrained(cls, *args, **kwargs):
+        raise ValueError(MESSAGE)
+
+    @classmethod
+    def from_dict(cls, *args, **kwargs):
+        raise ValueError(MESSAGE)
+'''
+
+
+def refusing_source(config_class: str, message: str) -> str:
+    """The `modeling_prunetrain.py` of a directory whose model needs prunetrain's code: a config class named
+    `config_class` whose loading raises `ValueError(message)` (`trust_remote_code=True` then says how to load it
+    instead of transformers' "update Transformers" for an unknown `model_type`)."""
+    return REFUSING_SOURCE.format(name=config_class, message=message)
 
 
 def running_attention(config) -> str | None:

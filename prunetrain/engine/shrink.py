@@ -27,6 +27,7 @@ from prunetrain.engine.mask import HeadMask, attached_masks, stray_mask_hooks
 from prunetrain.engine.own_config import own_config
 from prunetrain.engine.remote_code import mark_pruned
 from prunetrain.engine.sharded import ShardedEditor, is_sharded
+from prunetrain.utils.door import checked
 
 GQA_ROUNDING = ("error", "keep", "drop")
 
@@ -110,6 +111,7 @@ def _fold_scale(site: AttentionSite, keep: torch.Tensor, positions: torch.Tensor
     editor.scale(site.out_proj.weight, peft_support.weight_axis_of_inputs(site.out_proj), per_feature)
 
 
+@checked(own=("mask", "optimizer"))
 def shrink(
     model: nn.Module,
     mask: HeadMask,
@@ -142,6 +144,9 @@ def shrink(
         raise TypeError(f"mask: expected a prunetrain.HeadMask, got {type(mask).__name__}.")
     peft_support.refuse_prompt_learning(model)
     model = unwrap_model(model)  # a PeftModel: its base model, adapters sliced with it (engine.peft_support)
+    if mask.attached and mask._model_ref is not model:
+        raise ValueError("mask: it is attached to another model (a copy made before attaching has no hooks of it); "
+                         "shrink the model it is attached to, or give this one a detached copy (mask.copy()).")
     sites = live_sites(model, mask.layout.units)
     mask.check_matches(sites)
     others = [m for m in attached_masks(model) if m is not mask]

@@ -14,9 +14,12 @@
 renamed into place); `formats.check_formats(source)` says which formats can hold a model and why not the others.
 """
 
+from prunetrain.utils.door import checked
+
 FORMATS = ("remote-code", "uniform", "padded", "onnx", "gguf", "ctranslate2")
 
 
+@checked
 def export(source, destination, format: str, overwrite: bool = False, gguf_type: str | None = None,
            quantization: str | None = None) -> dict:
     """See `prunetrain.export.formats.export`."""
@@ -25,6 +28,7 @@ def export(source, destination, format: str, overwrite: bool = False, gguf_type:
     return _export(source, destination, format, overwrite=overwrite, gguf_type=gguf_type, quantization=quantization)
 
 
+@checked
 def check_formats(source) -> dict:
     """See `prunetrain.export.formats.check_formats`."""
     from prunetrain.export.formats import check_formats as _check

@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import copy
 import math
+from collections.abc import Iterable
 from pathlib import Path
 
 import torch
@@ -41,13 +42,16 @@ from torch import nn
 
 from prunetrain.engine.heads import find_heads
 from prunetrain.export.ctranslate2_families import FAMILIES, decoder_start_id, ffn_width, forced_bos_id, padded_loader
+from prunetrain.engine.read_only import modes_kept
 from prunetrain.methods.constraints import STACK_OF_KIND
+from prunetrain.utils.door import PositiveInt, checked
 
 QUANTIZATIONS = ("float32", "int8", "int8_float32", "int16", "float16", "bfloat16", "int8_float16", "int8_bfloat16")
 """CTranslate2's weight types (`--quantization`); float32 is exact, the others are checked with a looser bound."""
 TOLERANCE = 1e-4
 
 
+@checked
 def ctranslate2_reason(model: nn.Module, tokenizer_dir: str | Path | None) -> str | None:
     """None when `model` (with the tokenizer in `tokenizer_dir`) can be written for CTranslate2, else why not."""
     from prunetrain.utils.extras import packages_missing
@@ -144,6 +148,7 @@ def padding_report(model: nn.Module) -> dict:
             "ffn_widths": widths}
 
 
+@checked
 def export_ctranslate2(model: nn.Module, out: Path, tokenizer_dir: str | Path,
                        quantization: str = "float32") -> dict[str, float | None]:
     """Write `model` to `out` as a CTranslate2 model directory (heads padded per stack, each layer's FFN at its own
@@ -164,8 +169,6 @@ def export_ctranslate2(model: nn.Module, out: Path, tokenizer_dir: str | Path,
     Returns:
         {"max_abs_diff": float32 |Δ log p|, "max_abs_diff_quantized": the quantized type's, or None}.
     """
-    from ctranslate2.converters.converter import Converter
-
     from prunetrain.utils.validate import check_choice
 
     check_choice("quantization", quantization, QUANTIZATIONS)
@@ -173,6 +176,15 @@ def export_ctranslate2(model: nn.Module, out: Path, tokenizer_dir: str | Path,
     if reason:
         raise ValueError(f"format: {reason}")
     tokenizer = _load_tokenizer(tokenizer_dir)
+    with modes_kept(model):  # the checks run the model in eval mode; the caller's modes are put back
+        return _convert_and_check(model, Path(out), tokenizer, quantization)
+
+
+def _convert_and_check(model: nn.Module, out: Path, tokenizer, quantization: str) -> dict[str, float | None]:
+    """`export_ctranslate2` once its arguments are checked. CTranslate2 is only ever given copies of `model`'s
+    tensors: its quantization (int8, int16) rescales the arrays it is given in place."""
+    from ctranslate2.converters.converter import Converter
+
     if any(p.dtype != torch.float32 for p in model.parameters()):  # in float32 (each conversion runs on a copy)
         model = copy.deepcopy(model).float()
     model.eval()
@@ -266,20 +278,23 @@ def _log_probs(model: nn.Module, source_ids: list[int], target_ids: list[int]) -
     return logits.log_softmax(-1).gather(1, torch.tensor(target_ids).unsqueeze(1)).squeeze(1)
 
 
-def translate_ctranslate2(directory: str | Path, sources: list[str], num_beams: int = 1,
-                          max_new_tokens: int | None = None,
-                          batch_size: int = 32, threads: int = 1, length_penalty: float = 1.0,
+@checked
+def translate_ctranslate2(directory: str | Path, sources: Iterable[str], num_beams: PositiveInt = 1,
+                          max_new_tokens: PositiveInt | None = None,
+                          batch_size: PositiveInt = 32, threads: PositiveInt = 1, length_penalty: float = 1.0,
                           compute_type: str = "default") -> list[str]:
-    """Translate `sources` with a CTranslate2 directory written by `export_ctranslate2` (its tokenizer inside):
-    `num_beams` and `length_penalty` as in `translate`; `max_new_tokens` (None: as many as the model's positions
+    """Translate `sources` (a list of sentences, or any iterable of them: read once, as `translate` reads them) with
+    a CTranslate2 directory written by `export_ctranslate2` (its tokenizer inside): `num_beams` and `length_penalty`
+    as in `translate`; `max_new_tokens` (None: as many as the model's positions
     allow, at most 256) bounds every output; `compute_type` is CTranslate2's (e.g. "int8" on a float32 export). A
     forced first token (mBART-50's or NLLB's target language) is given as the target prefix, as `generate` forces it;
     an output may be empty, as in `generate` (CTranslate2's own default, `min_decoding_length=1`, forbids eos first)."""
     import ctranslate2
 
-    if isinstance(sources, str) or not all(isinstance(s, str) for s in sources):
-        raise ValueError("sources: expected a list of sentences (strings), not a single string or other values.")
     from prunetrain.utils.files import read_json
+    from prunetrain.utils.validate import check_sentences
+
+    sources = check_sentences("sources", sources)
 
     info = read_json(Path(directory) / INFO_FILE, "directory")
     positions = info.get("max_position_embeddings")

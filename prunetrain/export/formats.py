@@ -11,15 +11,19 @@ import copy
 import os
 import re
 import shutil
+from contextlib import nullcontext
 from pathlib import Path
 
 from torch import nn
 
 from prunetrain.engine.heads import (find_heads, find_neurons, find_sites, recorded_units, supported_units,
                                      unwrap_model)
-from prunetrain.engine.peft_support import has_tuner_layers
+from prunetrain.engine.read_only import left_as_given
+from prunetrain.export.source import load_source
+from prunetrain.utils.door import checked
 from prunetrain.utils.extras import packages_missing
-from prunetrain.utils.output_paths import check_output_dir, output_lock, replace_directory, staging_directory
+from prunetrain.utils.output_paths import (MARKER_FILE, check_output_dir, output_lock, replace_directory,
+                                           staging_directory)
 from prunetrain.utils.validate import check_choice
 from prunetrain.utils.write_errors import write_failure
 
@@ -28,23 +32,12 @@ MODEL_FILES = ("config.json", "generation_config.json", "prunetrain_layout.json"
 TOLERANCE = {"remote-code": 0.0, "uniform": 0.0, "padded": 1e-5}
 
 
-def load_source(source: str | os.PathLike | nn.Module) -> nn.Module:
-    """A model, or a saved directory loaded eagerly (`load_pruned` for a prunetrain layout, else its HF class)."""
-    if isinstance(source, nn.Module):
-        if has_tuner_layers(unwrap_model(source)):  # the formats write the base architecture's weights
-            raise ValueError("source: the model holds peft adapter layers; export model.merge_and_unload() (or the "
-                             "directory prunetrain.save_pruned(model, dir) writes, merged) instead.")
-        return unwrap_model(source).eval()
-    from prunetrain.engine.model_dir import load_model_dir
-
-    return load_model_dir(Path(source), argument="source")
-
-
 def _is_shrunk(model: nn.Module) -> bool:
     """Whether some site (heads, or FFN neurons where the family's FFN is prunable) lost units."""
     return any(s.num_heads != s.original_num_heads for s in find_sites(model, supported_units(model)))
 
 
+@checked
 def check_formats(source: str | os.PathLike | nn.Module) -> dict[str, str | None]:
     """For each format, None if `source` can be written in it, else one sentence saying why not.
 
@@ -79,6 +72,7 @@ def check_formats(source: str | os.PathLike | nn.Module) -> dict[str, str | None
     return out
 
 
+@checked
 def export(source: str | os.PathLike | nn.Module, destination: str | os.PathLike, format: str,
            overwrite: bool = False, gguf_type: str | None = None, quantization: str | None = None) -> dict:
     """Write `source` (a pruned model or directory) to `destination` in `format`; returns a summary dict.
@@ -89,8 +83,8 @@ def export(source: str | os.PathLike | nn.Module, destination: str | os.PathLike
         format: one of `FORMATS`: "remote-code" (self-contained directory, `trust_remote_code=True`), "uniform"
             (standard config, every site the same heads, one FFN width per config key), "padded" (original shapes,
             removed heads and FFN neurons zero: exact, no speed-up), "onnx" (ONNX graphs checked with ONNX
-            Runtime), "gguf" (llama.cpp, Llama family, checked in llama.cpp; `max_abs_diff` is then relative to the
-            largest logit), "ctranslate2" (CTranslate2: Marian, BART, mBART, M2M-100/NLLB and Pegasus translation
+            Runtime), "gguf" (llama.cpp: the Llama family, and Qwen3, Phi-3, OLMo 2, Granite, Gemma 2/3 padded per
+            layer; checked in llama.cpp; `max_abs_diff` is then relative to the largest logit), "ctranslate2" (CTranslate2: Marian, BART, mBART, M2M-100/NLLB and Pegasus translation
             models, heads padded per stack, each FFN at its own width; `max_abs_diff` is on log-probabilities in the
             engine; the source must be a directory that carries the tokenizer).
         overwrite: replace an existing non-empty `destination` (only what the CLI's `--overwrite` replaces: an empty
@@ -129,12 +123,14 @@ def export(source: str | os.PathLike | nn.Module, destination: str | os.PathLike
     with output_lock(destination, flag="destination"):  # one writer at a time, checked under the lock
         check_output_dir(destination, overwrite=overwrite, flag="destination", overwrite_flag="overwrite=True "
                          "(--overwrite)", inputs={"source": source} if isinstance(source, (str, os.PathLike)) else {})
-        return _export_locked(source, destination, format, gguf_type, quantization)
+        # inputs are read-only: the modes and config of a given model are put back, whatever the export did
+        with left_as_given(unwrap_model(source)) if isinstance(source, nn.Module) else nullcontext():
+            return _export_locked(source, destination, format, gguf_type, quantization)
 
 
 def _export_locked(source, destination: Path, format: str, gguf_type: str | None, quantization: str | None) -> dict:
     """`export` once `destination` is checked and locked."""
-    model = load_source(source)
+    model = load_source(source).eval()
     from transformers.utils import logging as hf_logging
 
     bars = hf_logging.is_progress_bar_enabled()
@@ -166,12 +162,12 @@ def _export_locked(source, destination: Path, format: str, gguf_type: str | None
                     extra = padding_report(model)
             if isinstance(source, (str, os.PathLike)):
                 _copy_extras(Path(source), out)
-            replace_directory(out, destination)
+            replace_directory(out, destination, kind="export", format=format)  # marked as prunetrain's
     finally:
         if bars:
             hf_logging.enable_progress_bar()
     summary = {"format": format, "destination": str(destination),
-               "files": sorted(p.name for p in destination.iterdir()), "max_abs_diff": diff,
+               "files": sorted(p.name for p in destination.iterdir() if p.name != MARKER_FILE), "max_abs_diff": diff,
                "heads": find_heads(model).summary()}
     if "neurons" in recorded_units(model):
         summary["neurons"] = find_neurons(model).summary()

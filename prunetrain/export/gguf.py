@@ -24,6 +24,10 @@ than SiLU; a first layer with no heads (llama.cpp takes the head size from layer
 whose output projection has a bias (llama.cpp skips the whole attention path there). A sliding window (Mistral,
 Qwen2 with `use_sliding_window`) is written as the context length, below which the window never acts.
 
+Qwen3, Gemma 2/3, Phi-3, OLMo 2 and Granite are written through their own llama.cpp architectures, which size
+every layer alike: each layer's heads and FFN neurons are padded with zero heads and zero neurons to the same counts
+(`prunetrain.export.gguf_families`; `padding_report` gives the cost).
+
 Every export is run in llama.cpp before it is written (`check_gguf`): its logits on a probe must equal the model's
 within `TOLERANCE[type]`.
 """
@@ -38,6 +42,11 @@ import torch
 from torch import nn
 
 from prunetrain.engine.heads import find_heads, unwrap_model
+from prunetrain.export.gguf_families import (FAMILY_ARCH, FamilyPlan, check_gguf_type, family_plan, family_tensors,
+                                             rope_interleave, write_family_metadata,
+                                             write_shape_metadata)
+from prunetrain.export.gguf_families import padding_report as family_padding_report
+from prunetrain.utils.door import checked
 
 FAMILIES = ("llama", "mistral", "qwen2")
 GGUF_TYPES = ("f32", "f16", "q8_0")
@@ -78,9 +87,15 @@ def _decoder_layers(model: nn.Module):
 def _check_family(model: nn.Module) -> None:
     config = model.config
     model_type = getattr(config, "model_type", None)
-    if model_type not in FAMILIES or not type(model).__name__.endswith("ForCausalLM"):
+    if model_type not in FAMILIES + tuple(FAMILY_ARCH) or not type(model).__name__.endswith("ForCausalLM"):
         raise _refuse(f"writes causal language models of the Llama family ({', '.join(FAMILIES)}) for llama.cpp's "
-                      f"per-layer-heads graph; {type(model).__name__} ({model_type!r}) is not one.")
+                      f"per-layer-heads graph, and of {', '.join(FAMILY_ARCH)} through their own llama.cpp "
+                      f"architectures (heads padded); {type(model).__name__} ({model_type!r}) is not one.")
+    layers, base = _decoder_layers(model)
+    if layers is None or not all(hasattr(base, n) for n in ("embed_tokens", "norm")):
+        raise _refuse(f"cannot find the decoder layers of {type(model).__name__} (model.layers, embed_tokens, norm).")
+    if model_type in FAMILY_ARCH:
+        return  # its own checks: gguf_families.family_plan
     act = getattr(config, "hidden_act", None)
     if act != "silu":
         raise _refuse(f"needs the SiLU-gated feed-forward llama.cpp runs; this model's hidden_act is {act!r}.")
@@ -88,20 +103,20 @@ def _check_family(model: nn.Module) -> None:
     if rope.get("rope_type", "default") != "default" or rope.get("partial_rotary_factor", 1.0) != 1.0:
         raise _refuse(f"writes the default rotary embedding over the whole head; this model's rope_parameters "
                       f"are {dict(rope)!r}.")
-    layers, base = _decoder_layers(model)
-    if layers is None or not all(hasattr(base, n) for n in ("embed_tokens", "norm")):
-        raise _refuse(f"cannot find the decoder layers of {type(model).__name__} (model.layers, embed_tokens, norm).")
 
 
-def gguf_plan(model: nn.Module) -> GgufPlan:
+def gguf_plan(model: nn.Module) -> GgufPlan | FamilyPlan:
     """The per-layer head counts, FFN widths (kept and written, `ffn_width`) and hyper-parameters of `model` for
-    llama.cpp; `ValueError` says why it cannot be written exactly.
+    llama.cpp; `ValueError` says why it cannot be written exactly. A family of `FAMILY_ARCH` gets a `FamilyPlan`
+    (its own architecture, heads and neurons padded: `prunetrain.export.gguf_families`).
 
     Args:
-        model: a (shrunk) Llama, Mistral or Qwen2 causal LM.
+        model: a (shrunk) Llama, Mistral or Qwen2 causal LM, or one of `FAMILY_ARCH`.
     """
     model = unwrap_model(model)
     _check_family(model)
+    if model.config.model_type in FAMILY_ARCH:
+        return family_plan(model)
     layers, base = _decoder_layers(model)
     sites = [s for s in find_heads(model) if s.kind == "self"]
     if len(sites) != len(layers):
@@ -157,20 +172,14 @@ def ffn_width(kept: int, heads: int, down_bias: bool, last: bool) -> int:
     return 0
 
 
-def padding_report(plan: GgufPlan) -> dict:
-    """Heads and FFN neurons the model keeps and those llama.cpp executes for the export of `plan` (heads are never
-    padded; an emptied FFN may run one zero neuron, see `ffn_width`)."""
+def padding_report(plan: GgufPlan | FamilyPlan) -> dict:
+    """Heads and FFN neurons the model keeps and those llama.cpp executes for the export of `plan` (`deci`: heads are
+    never padded, an emptied FFN may run one zero neuron, see `ffn_width`; a `FamilyPlan` pads every layer to the
+    same counts)."""
+    if isinstance(plan, FamilyPlan):
+        return family_padding_report(plan)
     return {"heads_kept": sum(plan.heads), "heads_executed": sum(plan.heads),
             "neurons_kept": sum(plan.ffn_kept), "neurons_executed": sum(plan.ffn)}
-
-
-def rope_interleave(weight: torch.Tensor, heads: int) -> torch.Tensor:
-    """Rows of W_q or W_k (or a bias) from rotate-half order (i, i + d/2 pair up) to llama.cpp's interleaved order
-    (2i, 2i + 1 pair up), per head: row h·d + 2i ← h·d + i and h·d + 2i + 1 ← h·d + d/2 + i."""
-    if heads == 0:
-        return weight
-    shape = weight.shape
-    return weight.reshape(heads, 2, shape[0] // heads // 2, *shape[1:]).swapaxes(1, 2).reshape(shape)
 
 
 def gguf_tensors(model: nn.Module, plan: GgufPlan) -> dict[str, torch.Tensor]:
@@ -215,14 +224,16 @@ def ffn_tensors(index: int, mlp: nn.Module, width: int) -> dict[str, torch.Tenso
     return out
 
 
-@torch.no_grad()
+@torch.no_grad()  # outside the door: the door resolves the hints in this module
+@checked
 def write_gguf(model: nn.Module, path: str | Path, gguf_type: str = "f32", tokenizer_dir: str | Path | None = None
                ) -> dict:
-    """Write `model` as a GGUF file of llama.cpp's `deci` architecture; returns {"plan", "tokenizer", "vocab_size"}
-    and the `padding_report` ("heads_kept", "heads_executed", "neurons_kept", "neurons_executed").
+    """Write `model` as a GGUF file of llama.cpp's `deci` architecture (or its family's, `gguf_families`); returns
+    {"plan", "tokenizer", "vocab_size"} and the `padding_report` ("heads_kept", "heads_executed", "neurons_kept",
+    "neurons_executed").
 
     Args:
-        model: a (shrunk) Llama, Mistral or Qwen2 causal LM.
+        model: a (shrunk) Llama, Mistral or Qwen2 causal LM, or one of `FAMILY_ARCH`.
         path: the `.gguf` file to write.
         gguf_type: "f32", "f16" (matrices in f16; norms and biases stay f32) or "q8_0" (matrices whose rows are
             made of 32-value blocks in llama.cpp's Q8_0, the others f16; norms and biases f32).
@@ -237,22 +248,17 @@ def write_gguf(model: nn.Module, path: str | Path, gguf_type: str = "f32", token
     config = model.config
     vocab_size = base_vocab = model.get_input_embeddings().weight.shape[0]
     vocab = read_vocab(tokenizer_dir, base_vocab)  # checked entry by entry before the file is opened
-    writer = gguf.GGUFWriter(str(path), arch=ARCH)
+    writer = gguf.GGUFWriter(str(path), arch=plan.arch if isinstance(plan, FamilyPlan) else ARCH)
     writer.add_name(str(getattr(config, "_name_or_path", "") or "prunetrain export"))
-    writer.add_context_length(plan.context_length)
-    writer.add_embedding_length(int(config.hidden_size))
-    writer.add_block_count(len(plan.heads))
-    writer.add_feed_forward_length(list(plan.ffn))
-    writer.add_head_count(list(plan.heads))
-    writer.add_head_count_kv(list(plan.kv_heads))
-    writer.add_key_length(plan.head_dim)
-    writer.add_value_length(plan.head_dim)
-    writer.add_rope_dimension_count(plan.head_dim)
-    writer.add_rope_freq_base(plan.rope_theta)
-    writer.add_layer_norm_rms_eps(plan.rms_norm_eps)
+    if isinstance(plan, FamilyPlan):
+        write_family_metadata(writer, model, plan)
+        tensors = family_tensors(model, plan)
+    else:
+        _write_deci_metadata(writer, config, plan)
+        tensors = gguf_tensors(model, plan)
     writer.add_file_type(FILE_TYPE[gguf_type])
     tokenizer = write_vocab(writer, vocab, config, base_vocab)
-    for name, tensor in gguf_tensors(model, plan).items():
+    for name, tensor in tensors.items():
         array = np.ascontiguousarray(tensor.detach().float().cpu().numpy())
         if gguf_type == "q8_0" and array.ndim == 2 and array.shape[1] % 32 == 0:
             writer.add_tensor(name, gguf.quants.quantize(array, gguf.GGMLQuantizationType.Q8_0),
@@ -268,6 +274,11 @@ def write_gguf(model: nn.Module, path: str | Path, gguf_type: str = "f32", token
     return {"plan": plan, "tokenizer": tokenizer, "vocab_size": vocab_size, **padding_report(plan)}
 
 
+def _write_deci_metadata(writer, config, plan: GgufPlan) -> None:
+    """The `deci` hyper-parameters: per-layer head counts and FFN widths."""
+    write_shape_metadata(writer, config, plan, len(plan.heads), list(plan.ffn), list(plan.heads), list(plan.kv_heads))
+
+
 def probe_tokens(model: nn.Module, length: int = 24, seed: int = 0) -> list[int]:
     """A reproducible token sequence for the check (ids from 3 up, below the vocabulary size)."""
     vocab = model.get_input_embeddings().weight.shape[0]
@@ -277,12 +288,17 @@ def probe_tokens(model: nn.Module, length: int = 24, seed: int = 0) -> list[int]
 
 @torch.no_grad()
 def model_logits(model: nn.Module, tokens: list[int]) -> np.ndarray:
-    """The model's `[len(tokens), vocab]` logits in f32 (one sequence, no padding)."""
-    model = unwrap_model(model).eval()
-    ids = torch.tensor([tokens], device=next(model.parameters()).device)
-    return model(input_ids=ids, use_cache=False).logits[0].float().cpu().numpy()
+    """The model's `[len(tokens), vocab]` logits in f32 (one sequence, no padding), in eval mode; the model's
+    modes are put back afterwards (`prunetrain.engine.read_only`)."""
+    from prunetrain.engine.read_only import modes_kept
+
+    model = unwrap_model(model)
+    with modes_kept(model):
+        ids = torch.tensor([tokens], device=next(model.parameters()).device)
+        return model.eval()(input_ids=ids, use_cache=False).logits[0].float().cpu().numpy()
 
 
+@checked
 def check_gguf(model: nn.Module, path: str | Path, gguf_type: str, threads: int = 1) -> float:
     """max |llama.cpp − model| / max |logit| on a probe sequence, run in llama.cpp; `ValueError` above
     `TOLERANCE[gguf_type]`."""
@@ -306,13 +322,16 @@ def check_gguf(model: nn.Module, path: str | Path, gguf_type: str, threads: int 
     return diff
 
 
+@checked
 def export_gguf(model: nn.Module, out: Path, gguf_type: str = "f32", tokenizer_dir: str | Path | None = None
                 ) -> float:
     """Write `out/model.gguf` and check it in llama.cpp; returns the relative max |Δ| of the logits."""
     from prunetrain.export.gguf_vocab import read_vocab
     from prunetrain.export.llama_cpp import llama_cpp_missing
 
-    gguf_plan(model)  # refuse before anything is written: the model, then its tokenizer, then the environment
+    plan = gguf_plan(model)  # refuse before anything is written: the model, then its tokenizer, then the environment
+    if isinstance(plan, FamilyPlan):
+        check_gguf_type(plan, gguf_type)
     read_vocab(tokenizer_dir, unwrap_model(model).get_input_embeddings().weight.shape[0])
     missing = llama_cpp_missing()
     if missing is not None:
@@ -322,6 +341,7 @@ def export_gguf(model: nn.Module, out: Path, gguf_type: str = "f32", tokenizer_d
     return check_gguf(model, out / FILE_NAME, gguf_type)
 
 
+@checked
 def gguf_reason(model: nn.Module, tokenizer_dir: str | Path | None = None) -> str | None:
     """None when `model` (with the tokenizer of `tokenizer_dir`) can be written as GGUF, else one sentence why not
     (for `check_formats`)."""
@@ -337,3 +357,26 @@ def gguf_reason(model: nn.Module, tokenizer_dir: str | Path | None = None) -> st
     except ValueError as err:
         return str(err).removeprefix("format: ").removeprefix("tokenizer: ")
     return llama_cpp_missing()
+
+
+def gguf_padding(source) -> dict:
+    """What the GGUF export of `source` (a model or a saved directory) runs, for `prunetrain export --check`:
+    {"architecture": llama.cpp's, "gguf_types": those it can be written in, "heads_kept", "heads_executed",
+    "neurons_kept", "neurons_executed"} (zero heads and zero neurons are executed too); `ValueError` where it cannot
+    be written."""
+    from prunetrain.export.source import load_source
+
+    plan = gguf_plan(load_source(source))
+    types = list(GGUF_TYPES)
+    if isinstance(plan, FamilyPlan):
+        types = [t for t in GGUF_TYPES if _writable(plan, t)]
+    return {"architecture": plan.arch if isinstance(plan, FamilyPlan) else ARCH, "gguf_types": types,
+            **padding_report(plan)}
+
+
+def _writable(plan: FamilyPlan, gguf_type: str) -> bool:
+    try:
+        check_gguf_type(plan, gguf_type)
+    except ValueError:
+        return False
+    return True

@@ -321,7 +321,7 @@ def beam_generate(directory, input_ids: torch.Tensor, attention_mask: torch.Tens
         generator: an `OrtGenerator` to reuse (its sessions), else one is made.
         generate_kwargs: generation settings (e.g. `suppress_tokens`, `length_penalty`, `min_new_tokens`).
     """
-    from prunetrain.export.onnx import OrtGenerator
+    from prunetrain.export.onnx_runtime import OrtGenerator
 
     check_int("num_beams", num_beams, 1)
     check_int("max_new_tokens", max_new_tokens, 1)

@@ -162,7 +162,7 @@ def export_beam_search(model: nn.Module, directory: str | Path) -> str:
     import onnx
     from onnx import TensorProto, helper
 
-    from prunetrain.export.onnx import OPSET
+    from prunetrain.export.onnx_runtime import OPSET
 
     config = model.config
     vocab = int(model.get_output_embeddings().weight.shape[0])
@@ -266,7 +266,7 @@ class OrtBeamSearch:
     def __init__(self, directory: str | Path, threads: int = 1):
         import onnx
 
-        from prunetrain.export.onnx import read_generation_config
+        from prunetrain.export.onnx_runtime import read_generation_config
 
         path = Path(directory) / FILE
         if not path.is_file():
@@ -343,7 +343,7 @@ def check_beam_search(model: nn.Module, directory: str | Path, seed: int = 1) ->
     import onnxruntime as ort
     from onnx import helper
 
-    from prunetrain.export.onnx import OPSET, TOLERANCE
+    from prunetrain.export.onnx_runtime import OPSET, TOLERANCE
     from prunetrain.export.probe import probe_inputs
 
     proto = onnx.load(str(Path(directory) / FILE))

@@ -6,7 +6,7 @@ are ranked is a `Ranking`, which heads may go a `HeadScope`. It needs no Trainer
 `prunetrain curve` call it.
 
 Metrics are callables `metric(model) -> float | dict` (a dict must hold the key named by `key`); helpers build
-the common ones: `loss_metric`, `accuracy_metric` (here) and `prunetrain.mt.metrics.bleu_metric` (sacreBLEU of a
+the common ones: `loss_metric`, `accuracy_metric` (here) and `prunetrain.mt.evaluation.metrics.bleu_metric` (sacreBLEU of a
 translation model, part of the translation application).
 """
 
@@ -25,6 +25,7 @@ from prunetrain.methods.importance import (HeadScores, Scorer, batch_to, get_sco
                                           random_scores)
 from prunetrain.methods.selection import iterative_prune, select_heads
 from prunetrain.utils.device import device_of
+from prunetrain.utils.door import checked
 from prunetrain.utils.progress import bar
 from prunetrain.utils.validate import check_fractions as _check_fractions
 
@@ -48,6 +49,7 @@ class CurvePoint:
     details: dict = field(default_factory=dict)
 
 
+@checked
 @dataclass
 class Curve:
     """A pruning curve: points in increasing fraction, with how it was made."""
@@ -97,6 +99,7 @@ def metric_value(result, key: str) -> tuple[float, dict]:
     return float(result), {}
 
 
+@checked
 @dataclass(frozen=True, eq=False)
 class Ranking:
     """How `pruning_curve` orders the heads (the lowest-ranked go first).
@@ -129,6 +132,7 @@ class Ranking:
                              "them.")
 
 
+@checked
 @dataclass(frozen=True, eq=False)
 class HeadScope:
     """Which heads `pruning_curve` may mask and what a fraction counts (the options of `select_heads`).
@@ -152,6 +156,7 @@ SCOPE_KEYWORDS = tuple(f.name for f in fields(HeadScope))
 """The keyword arguments `pruning_curve` took before `Ranking` and `HeadScope` (deprecated, removed in 0.2)."""
 
 
+@checked(own=("metric", "ranking", "heads"))
 def pruning_curve(
     model: nn.Module,
     metric: Metric,
@@ -171,7 +176,7 @@ def pruning_curve(
 
     Args:
         model: the model.
-        metric: `metric(model) -> float | dict` (e.g. `loss_metric`, `prunetrain.mt.metrics.bleu_metric`).
+        metric: `metric(model) -> float | dict` (e.g. `loss_metric`, `prunetrain.mt.evaluation.metrics.bleu_metric`).
         fractions: shares of all heads to prune (default 0, 0.1, ..., 0.9).
         ranking: how the heads are ordered (`Ranking`; default: importance from `Ranking.batches`).
         heads: which heads may go and what a fraction counts (`HeadScope`; default: every head, one global ranking).
@@ -219,7 +224,7 @@ def _options(ranking: Ranking | None, heads: HeadScope | None, deprecated: Mappi
     if deprecated:
         warnings.warn(f"pruning_curve: the keyword arguments {', '.join(deprecated)} are deprecated and stop working "
                       f"in prunetrain 0.2; pass ranking=Ranking(...) and heads=HeadScope(...) instead.",
-                      DeprecationWarning, stacklevel=3)
+                      DeprecationWarning, stacklevel=4)  # the caller of pruning_curve, above its door (@checked)
     return ranking or Ranking(**old_ranking), heads or HeadScope(**old_scope)
 
 

@@ -45,6 +45,7 @@ from prunetrain.engine.heads import (KINDS, NEURON_KINDS, UNITS, HeadLayout, che
 from prunetrain.engine.mask import HeadMask, register_scaler, scale_heads, unregister_scaler
 from prunetrain.engine.peft_support import PlacedHook, module_slots, place_hook
 from prunetrain.utils.device import device_of
+from prunetrain.utils.door import checked
 from prunetrain.utils.validate import check_kinds
 
 BETA = 2.0 / 3.0
@@ -60,6 +61,7 @@ def _key(site_name: str) -> str:
     return re.sub(r"[^0-9A-Za-z_]", "_", site_name)
 
 
+@checked
 class HardConcreteGates(nn.Module):
     """One Hard-Concrete gate per head of the gated sites (`kinds`), one per key/value group under grouped-query
     attention, and one per FFN neuron when the layout describes neurons (`find_sites(model, ("heads", "neurons"))`
@@ -86,8 +88,6 @@ class HardConcreteGates(nn.Module):
             what = (f"{kind!r} FFN neurons in this layout (a layout of heads and neurons: find_sites)"
                     if kind in NEURON_KINDS else f"{kind!r} attention")
             raise ValueError(f"kinds: this model has no {what}; its kinds are {', '.join(layout.kinds)}.")
-        if not math.isfinite(init_log_alpha):
-            raise ValueError(f"init_log_alpha: {init_log_alpha} is not a finite number.")
         self.layout = layout
         self.kinds = tuple(k for k in KINDS + NEURON_KINDS if k in kinds)
         self.unit_costs = dict(unit_costs or {})  # {site: multiply-adds per unit} (`flop_budget.unit_costs`)

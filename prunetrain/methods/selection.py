@@ -40,6 +40,7 @@ from torch import nn
 from prunetrain.engine.heads import KINDS, NEURON_KINDS, UNITS, HeadLayout, find_sites, unwrap_model
 from prunetrain.methods.importance import HeadScores, Scorer, get_scorer
 from prunetrain.engine.mask import HeadMask
+from prunetrain.utils.door import AnyFloat, checked
 from prunetrain.utils.validate import check_amount, check_kinds
 
 SCOPES = ("global", "layer", "kind")
@@ -123,6 +124,7 @@ def is_flop_target(amount) -> bool:
     return isinstance(amount, Mapping) and FLOPS_KEY in amount
 
 
+@checked(own=("scores", "amount", "min_heads_per_layer"))
 def select_heads(
     scores: HeadScores,
     amount: int | float | Mapping[str, int | float],
@@ -276,6 +278,7 @@ def _prune_group(scores: HeadScores, mask: HeadMask, group: list[int], amount, m
 # ---------------------------------------------------------------------------------------------------------------------
 # iterative pruning (Michel et al. 2019, §4)
 # ---------------------------------------------------------------------------------------------------------------------
+@checked
 @dataclass
 class PruneStep:
     """One step of `iterative_prune`: the cumulative amount asked for, the scores it was chosen from (estimated on
@@ -287,18 +290,20 @@ class PruneStep:
     scores: HeadScores
     mask: HeadMask
     num_pruned: int
-    metric: float | None = None
+    metric: AnyFloat | None = None  # a measurement: NaN is recorded as measured
 
 
+@checked
 @dataclass
 class PruneResult:
     """Final mask of `iterative_prune` and its per-step history (`initial_metric`: `evaluate` before pruning)."""
 
     mask: HeadMask
     history: list[PruneStep] = field(default_factory=list)
-    initial_metric: float | None = None
+    initial_metric: AnyFloat | None = None
 
 
+@checked(own=("batches",))
 def iterative_prune(
     model: nn.Module,
     batches: Iterable[Mapping[str, Any]],

@@ -53,7 +53,7 @@ def paired_bootstrap(base: Sequence[Sequence[float]], other: Sequence[Sequence[f
     Args:
         base: per-sentence statistics of the base system, one row per sentence.
         other: the same for the other system, on the same sentences in the same order.
-        score: the corpus metric from summed statistics (e.g. `prunetrain.mt.bleu_stats.bleu_from_stats`).
+        score: the corpus metric from summed statistics (e.g. `prunetrain.mt.evaluation.bleu_stats.bleu_from_stats`).
         samples: B, the number of resamples.
         seed: the resamples' seed.
     """

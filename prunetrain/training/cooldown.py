@@ -30,6 +30,7 @@ from __future__ import annotations
 from torch.optim.lr_scheduler import LambdaLR
 from transformers import TrainerCallback
 
+from prunetrain.utils.door import checked
 from prunetrain.utils.validate import check_positive_float
 
 __all__ = ["FlopCooldownCallback", "NOT_LAMBDA_SCHEDULERS", "TrainTimeCooldownCallback", "budget_cooldown",
@@ -44,6 +45,7 @@ def cooldown_factor(flops: float, budget: float, share: float) -> float:
     return min(1.0, max(0.0, ((budget - flops) / budget) / share))
 
 
+@checked
 class FlopCooldownCallback(TrainerCallback):
     """Scale the learning rate by `cooldown_factor` of the clock's FLOPs (see the module docstring).
 
@@ -91,6 +93,7 @@ class FlopCooldownCallback(TrainerCallback):
         return control
 
 
+@checked
 class TrainTimeCooldownCallback(FlopCooldownCallback):
     """The same cooldown over the last share of a training-time budget: c(x) with x the training clock's seconds
     (`MetricPointsCallback(train_time=TrainTime(max_seconds=...))`, registered before this callback)."""

@@ -62,7 +62,8 @@ from prunetrain.engine.sharded import fsdp2_modules
 from prunetrain.training.base import PrunetrainCallback
 from prunetrain.training.distillation_teacher import architecture, check_same_architecture, rebuild_snapshot, \
     replicated_snapshot, snapshot_record, snapshot_tensors
-from prunetrain.utils.validate import check_bool, check_ints, check_positive_float
+from prunetrain.utils.door import NonNegativeFloat, checked
+from prunetrain.utils.validate import check_ints
 
 TASKS = ("seq2seq", "causal", "classes")
 
@@ -171,6 +172,7 @@ def _task_of(model: nn.Module) -> str:
                      f"{name} is none of them.")
 
 
+@checked(own=("teacher", "output_dir"))
 class DistillationCallback(PrunetrainCallback):
     """Distil from a frozen teacher while training (and pruning) the student:
     L = (1 − α)·CE + α·T²·KL + β·Σ_l MSE(h_s^l, h_t^l) (module doc).
@@ -193,9 +195,8 @@ class DistillationCallback(PrunetrainCallback):
     name = "distillation"
 
     def __init__(self, teacher: nn.Module | None = None, alpha: float = 0.5, temperature: float = 2.0,
-                 hidden_weight: float = 0.0, hidden_layers=None, output_dir: str | None = None,
+                 hidden_weight: NonNegativeFloat = 0.0, hidden_layers=None, output_dir: str | None = None,
                  tensorboard: bool = True):
-        check_bool("tensorboard", tensorboard)
         super().__init__(output_dir, tensorboard)
         if teacher is not None and not isinstance(teacher, nn.Module):
             raise ValueError(f"teacher: {teacher!r} is not a torch module; give the teacher model, or None to "
@@ -206,7 +207,7 @@ class DistillationCallback(PrunetrainCallback):
                 allowed = "a number in [0, 1]" if argument == "alpha" else "a finite number > 0"
                 raise ValueError(f"{argument}: {value!r} is not allowed; expected {allowed}.")
         self.teacher, self.alpha, self.temperature = teacher, float(alpha), float(temperature)
-        self.hidden_weight = check_positive_float("hidden_weight", hidden_weight, allow_zero=True)
+        self.hidden_weight = float(hidden_weight)
         self.hidden_layers = None if hidden_layers is None else check_ints("hidden_layers", hidden_layers, minimum=0)
         if self.hidden_layers is not None and len(set(self.hidden_layers)) != len(self.hidden_layers):
             raise ValueError(f"hidden_layers: {list(hidden_layers)!r} names a layer twice; name each layer once.")

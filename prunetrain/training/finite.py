@@ -20,6 +20,7 @@ import torch.distributed as dist
 from transformers import TrainerCallback
 
 from prunetrain.training.distributed import world_size
+from prunetrain.utils.door import checked
 
 
 class TrainingDiverged(RuntimeError):
@@ -36,6 +37,7 @@ def all_finite(tensors) -> bool:
     return bool(torch.isfinite(torch.stack([p.float().cpu() for p in peaks])).all())
 
 
+@checked(own=("hint",))
 class FiniteGuard(TrainerCallback):
     """Stop training with `TrainingDiverged` at the first non-finite gradient (module docstring).
 

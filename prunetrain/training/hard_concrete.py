@@ -27,8 +27,9 @@ from prunetrain.training.options import GateTraining, Heads, Output, resolve_opt
 from prunetrain.training.points import is_whole_epoch, label
 from prunetrain.training.state import guard_weight_loading, load_optimizer_state, optimizer_state
 from prunetrain.utils.device import device_of
+from prunetrain.utils.door import NonNegativeInt, checked
 from prunetrain.utils.plots import heatmap_figure
-from prunetrain.utils.validate import check_choice, check_int, check_open_fraction, check_positive_float
+from prunetrain.utils.validate import check_choice, check_open_fraction, check_positive_float
 
 FINALIZE = ("mask", "shrink", "none")
 LOG_KEYS = ("gates/expected_l0", "gates/penalty", "gates/heads_open", "gates/neurons_open",
@@ -38,6 +39,7 @@ LOG_KEYS = ("gates/expected_l0", "gates/penalty", "gates/heads_open", "gates/neu
 model's multiply-adds left — with `target_flops`)."""
 
 
+@checked(own=("heads", "training", "output"))
 class HardConcreteCallback(PrunetrainCallback):
     """Hard-Concrete gates on attention heads (Voita et al. 2019 §6), trained beside the model.
 
@@ -99,7 +101,8 @@ class HardConcreteCallback(PrunetrainCallback):
 
     def __init__(self, lam: float | None = None, *, target_heads: int | float | None = None,
                  target_flops: float | None = None, heads: Heads | None = None,
-                 freeze: str | Callable[[str], bool] | None = None, start_step: int = 0, finalize: str = "mask",
+                 freeze: str | Callable[[str], bool] | None = None, start_step: NonNegativeInt = 0,
+                 finalize: str = "mask",
                  training: GateTraining | None = None, output: Output | None = None, **deprecated: Any):
         options = resolve_options(type(self).__name__, dict(heads=heads, training=training, output=output),
                                   self.OPTIONS, deprecated)
@@ -138,7 +141,7 @@ class HardConcreteCallback(PrunetrainCallback):
         if not (freeze is None or callable(freeze) or freeze in ("decoder", "model")):
             raise ValueError(f"freeze: {freeze!r} is not one of None, 'decoder', 'model' or a function name -> bool.")
         check_choice("finalize", finalize, FINALIZE)
-        self.start_step = check_int("start_step", start_step, 0)
+        self.start_step = start_step
         self.kinds = self.heads.kind_list
         self.lam, self.target_heads, self.target_flops, self.freeze = lam, target_heads, target_flops, freeze
         self.units: tuple[str, ...] | None = self.heads.units  # None until the model is known: see on_init_end

@@ -28,6 +28,7 @@ from prunetrain.methods.selection import FLOPS_KEY, is_flop_target, iterative_pr
 from prunetrain.training.base import (check_epochs_fit, check_model_kinds, first_batches, importance_heatmap,
                                       kept_summary, local_share)
 from prunetrain.training.distributed import find_ddp, rebuild_ddp
+from prunetrain.utils.door import checked
 from prunetrain.utils.plots import widths_figure
 from prunetrain.training.importance_sample import ImportanceSample
 from prunetrain.training.options import Heads, Importance, Output, Schedule, resolve_options
@@ -39,6 +40,7 @@ from prunetrain.utils.validate import ALL_BATCHES, check_amount, check_choice
 MODES = ("mask", "shrink")
 
 
+@checked(own=("schedule", "heads", "importance", "output"))
 class HeadPruningCallback(ScheduledCallback):
     """Head importance at chosen points and, optionally, pruning on a schedule.
 

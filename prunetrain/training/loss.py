@@ -17,9 +17,11 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from prunetrain.utils.validate import check_bool, check_fraction
+from prunetrain.utils.door import PositiveInt, check, checked
+from prunetrain.utils.validate import check_fraction
 
 
+@checked
 class SmoothedCrossEntropy:
     """`compute_loss_func(outputs, labels, num_items_in_batch=None)` for a Trainer: label-smoothed cross-entropy
     (module docstring) over `outputs["logits"]` and `labels`, normalised by `num_items_in_batch` when the Trainer
@@ -37,12 +39,15 @@ class SmoothedCrossEntropy:
         if check_fraction("epsilon", epsilon) == 1.0:
             raise ValueError("epsilon: 1.0 is not allowed; expected a smoothing weight in [0, 1) (1 ignores the "
                              "labels).")
-        if isinstance(ignore_index, bool) or not isinstance(ignore_index, int):
-            raise ValueError(f"ignore_index: {ignore_index!r} is not allowed; expected an integer label.")
-        self.epsilon, self.ignore_index = float(epsilon), ignore_index
-        self.shift_labels = check_bool("shift_labels", shift_labels)
+        self.epsilon, self.ignore_index = float(epsilon), int(ignore_index)
+        self.shift_labels = bool(shift_labels)
 
-    def __call__(self, outputs, labels: torch.Tensor, num_items_in_batch=None) -> torch.Tensor:
+    def __call__(self, outputs, labels: torch.Tensor, num_items_in_batch: int | torch.Tensor | None = None
+                 ) -> torch.Tensor:
+        """The loss of one batch; `num_items_in_batch` (the Trainer's label-token count: a positive int, or a tensor
+        that is not read back from the device on the training step's hot path) normalises the sum."""
+        if not torch.is_tensor(num_items_in_batch):
+            check("num_items_in_batch", num_items_in_batch, PositiveInt | None)
         logits = outputs["logits"] if isinstance(outputs, dict) else outputs[0]
         if self.shift_labels:
             logits, labels = logits[..., :-1, :], labels[..., 1:]

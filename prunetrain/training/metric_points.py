@@ -37,14 +37,16 @@ from prunetrain.training.points import Plan, Point, check_step_points, epoch_spe
 from prunetrain.training.scheduled import ScheduledCallback
 from prunetrain.training.state import RngState
 from prunetrain.training.training_clock import TrainingClock, TrainingClockEnd, TrainTime
+from prunetrain.utils.door import checked
 from prunetrain.utils.validate import check_positive_float
 
 
+@checked(own=("train_time", "output_dir"))
 class MetricPointsCallback(ScheduledCallback):
     """`metric(model)` at chosen points, with step time, wall time, heads and parameters at each.
 
     Args:
-        metric: a callable `model -> float | dict` (e.g. `prunetrain.mt.metrics.bleu_metric(...)`), called with the
+        metric: a callable `model -> float | dict` (e.g. `prunetrain.mt.evaluation.metrics.bleu_metric(...)`), called with the
             model in eval mode; its train/eval mode and the RNG state are restored afterwards, so training goes on
             exactly as without this callback.
         at_steps: global optimizer steps (increasing).

@@ -29,9 +29,9 @@ from prunetrain.methods.curve import DEFAULT_FRACTIONS
 from prunetrain.methods.importance import get_scorer
 from prunetrain.methods.selection import ALL_KINDS, SCOPES
 from prunetrain.training.points import check_amount_schedule, check_step_points, epoch_spec
+from prunetrain.utils.door import NonNegativeInt, PositiveFloat, PositiveInt, checked
 from prunetrain.utils.validate import (check_amount, check_amount_convention, check_bool, check_choice,
-                                       check_finite_float, check_fractions, check_int, check_ints, check_kinds,
-                                       check_positive_float)
+                                       check_fractions, check_int, check_ints, check_kinds)
 
 CURVE_ORDERS = ("importance", "random", "both")
 
@@ -53,6 +53,7 @@ def _set_bool(record, name: str) -> None:
     object.__setattr__(record, name, check_bool(name, getattr(record, name)))
 
 
+@checked(own=("at_epochs", "at_steps", "prune", "prune_steps", "shrink_steps"))
 @dataclass(frozen=True)
 class Schedule:
     """When a callback acts. Points are epochs (fractional allowed: 0.5 is the middle of the first epoch) or global
@@ -76,10 +77,10 @@ class Schedule:
     """
 
     at_epochs: Sequence[float] | int | Callable[[int], bool] = (1,)
-    at_steps: Sequence[int] = ()
+    at_steps: Iterable[int] = ()
     prune: Mapping[float, Any] | Callable[[int], Any] | None = None
     prune_steps: Mapping[int, Any] | None = None
-    shrink_steps: Sequence[int] = ()
+    shrink_steps: Iterable[int] = ()
     record_end: bool = True
 
     def __post_init__(self) -> None:
@@ -125,6 +126,7 @@ class Schedule:
         return self.prune is not None or bool(self.prune_steps) or bool(self.shrink_steps)
 
 
+@checked(own=("constraints",))
 @dataclass(frozen=True)
 class Heads:
     """Which units (heads, FFN neurons) a callback may remove and how many each site keeps (the options of
@@ -186,6 +188,7 @@ class Heads:
         return None if self.kinds is None else list(self.kinds)
 
 
+@checked(own=("scorer", "scorer_options", "batches"))
 @dataclass(frozen=True)
 class Importance:
     """How heads are ranked at each point: head importance I_h = E_x |∂L(x)/∂ξ_h| (Michel et al. 2019, eq. 2) by
@@ -210,12 +213,11 @@ class Importance:
     scorer: str | Callable = "gradient"
     scorer_options: Mapping[str, Any] | None = None
     batches: Iterable | None = None
-    num_batches: int = 8
+    num_batches: PositiveInt = 8
     iterative: bool = False
     step: float | int | None = None
 
     def __post_init__(self) -> None:
-        check_int("num_batches", self.num_batches)
         _set_bool(self, "iterative")
         _check_batches(self.batches)
         if self.scorer_options is not None and not isinstance(self.scorer_options, Mapping):
@@ -233,6 +235,7 @@ class Importance:
         return dict(self.scorer_options or {})
 
 
+@checked(own=("output_dir",))
 @dataclass(frozen=True)
 class Output:
     """Where a callback's files go.
@@ -256,6 +259,7 @@ class Output:
         _set_bool(self, "tensorboard")
 
 
+@checked(own=("fractions", "random_seeds"))
 @dataclass(frozen=True)
 class CurveSweep:
     """The points of each pruning curve (`PruningCurveCallback`, Michel et al. 2019 §6 Fig. 5).
@@ -285,6 +289,7 @@ class CurveSweep:
         object.__setattr__(self, "random_seeds", seeds)
 
 
+@checked
 @dataclass(frozen=True)
 class GateTraining:
     """How `HardConcreteCallback` trains its Hard-Concrete gates (Voita et al. 2019 §6; Louizos et al. 2018).
@@ -296,16 +301,10 @@ class GateTraining:
         seed: seed of the gates' initial noise.
     """
 
-    gate_lr: float = 0.1
-    lagrangian_lr: float = 0.05
+    gate_lr: PositiveFloat = 0.1
+    lagrangian_lr: PositiveFloat = 0.05
     init_log_alpha: float = 3.0
-    seed: int = 0
-
-    def __post_init__(self) -> None:
-        check_positive_float("gate_lr", self.gate_lr)
-        check_positive_float("lagrangian_lr", self.lagrangian_lr)
-        check_finite_float("init_log_alpha", self.init_log_alpha)
-        check_int("seed", self.seed, 0)
+    seed: NonNegativeInt = 0
 
 
 def _check_batches(batches: Any) -> None:
@@ -359,7 +358,7 @@ def resolve_options(owner: str, given: Mapping[str, Any], groups: Mapping[str, t
         touched = [name for name in groups if parts[name]]
         warnings.warn(f"{owner}: the keyword arguments {', '.join(legacy)} are deprecated and stop working in "
                       f"prunetrain 0.2; pass {', '.join(f'{n}={groups[n].__name__}(...)' for n in touched)} instead.",
-                      DeprecationWarning, stacklevel=3)
+                      DeprecationWarning, stacklevel=4)  # the callback's caller, above its door (@checked)
     return out
 
 

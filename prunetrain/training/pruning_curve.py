@@ -22,16 +22,18 @@ from prunetrain.training.options import CURVE_ORDERS, CurveSweep, Heads, Importa
 from prunetrain.training.points import Plan, Point, file_label, label
 from prunetrain.training.scheduled import ScheduledCallback
 from prunetrain.training.state import RngState
+from prunetrain.utils.door import checked
 from prunetrain.utils.plots import curves_figure, save_figure
 from prunetrain.utils.validate import ALL_BATCHES
 
 ORDERS = CURVE_ORDERS
 
 
+@checked(own=("schedule", "metric", "metric_key", "sweep", "heads", "importance", "output"))
 class PruningCurveCallback(ScheduledCallback):
     """The metric of the model with 0…90 % of its heads masked, at chosen epochs (Michel et al. 2019 §6).
 
-    Example (BLEU of a translation model, with `bleu_metric` of the translation application `prunetrain.mt.metrics`;
+    Example (BLEU of a translation model, with `bleu_metric` of the translation application `prunetrain.mt.evaluation.metrics`;
     any callable `model -> float | dict` works)::
 
         PruningCurveCallback(Schedule(at_epochs=[1, 2, 5]), metric=bleu_metric(tokenizer, dev_pairs), metric_key="bleu")
@@ -39,7 +41,7 @@ class PruningCurveCallback(ScheduledCallback):
     Args:
         schedule: the curve points (`Schedule`: `at_epochs`, default epoch 1; `at_steps`; `record_end`). A schedule
             that prunes (`prune`, `prune_steps`, `shrink_steps`) is refused: pruning is `HeadPruningCallback`'s.
-        metric: a callable `model -> float | dict` (e.g. `prunetrain.mt.metrics.bleu_metric(...)`,
+        metric: a callable `model -> float | dict` (e.g. `prunetrain.mt.evaluation.metrics.bleu_metric(...)`,
             `prunetrain.methods.curve.loss_metric(batches)` or `accuracy_metric(batches)`).
         metric_key: the entry to plot when the metric returns a dict (e.g. "bleu"); default "value".
         sweep: the points of each curve (`CurveSweep`: fractions, relative, order, random seeds). A fraction that
@@ -78,7 +80,7 @@ class PruningCurveCallback(ScheduledCallback):
         self._last_epoch = max([int(e) + (e % 1 > 0) for e in epochs], default=None)
         if not callable(metric):
             raise ValueError(f"metric: {metric!r} is not a callable model -> float | dict; build one with "
-                             f"prunetrain.mt.metrics.bleu_metric, prunetrain.methods.curve.loss_metric or "
+                             f"prunetrain.mt.evaluation.metrics.bleu_metric, prunetrain.methods.curve.loss_metric or "
                              f"accuracy_metric.")
         self.relative, self.fractions = bool(self.sweep.relative), list(self.sweep.fractions)
         self.order, self.random_seeds = self.sweep.order, list(self.sweep.random_seeds)

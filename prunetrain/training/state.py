@@ -22,6 +22,7 @@ from prunetrain.engine.heads import LAYOUT_CONFIG_KEY, HeadLayout, all_sites, un
 from prunetrain.engine.peft_support import is_peft_wrapper
 from prunetrain.engine.persist import apply_saved_masks, saved_masks_of, shrink_to_layout
 from prunetrain.engine.remote_code import SPEC_KEY
+from prunetrain.utils.door import checked
 from prunetrain.utils.files import read_json
 
 TENSORS_KEY = "_prunetrain_tensors"  # in a callback's JSON state: whether a .safetensors file belongs to it
@@ -135,6 +136,7 @@ def checkpoint_step(checkpoint: str | Path) -> int | None:
     return int(step) if step.isdigit() else None
 
 
+@checked
 def last_complete_checkpoint(output_dir: str | Path, callbacks: Iterable | None = None) -> str | None:
     """The newest `checkpoint-N` in `output_dir` that holds the Trainer's state and prunetrain's (written last, in
     `on_save`), so a checkpoint cut short by a crash is skipped; None if there is none.
@@ -155,6 +157,7 @@ def last_complete_checkpoint(output_dir: str | Path, callbacks: Iterable | None 
     return str(max(candidates)[1]) if candidates else None
 
 
+@checked
 def restore_layout(model: nn.Module, checkpoint: str | Path) -> HeadLayout:
     """Shrink a freshly built model to the head layout recorded in a checkpoint's `config.json`, and attach the
     masks saved with it (a checkpoint taken while a mask or gates were attached).

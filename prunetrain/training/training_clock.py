@@ -41,6 +41,7 @@ from __future__ import annotations
 
 import contextlib
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
@@ -48,11 +49,13 @@ import torch.distributed as dist
 from transformers import TrainerCallback
 
 from prunetrain.training.distributed import world_size
+from prunetrain.utils.door import checked
 from prunetrain.utils.validate import check_positive_float
 
 __all__ = ["TrainTime", "TrainingClock", "TrainingClockEnd", "measured_seconds", "measuring", "min_over_ranks"]
 
 
+@checked(own=("max_seconds", "at_seconds"))
 @dataclass(frozen=True)
 class TrainTime:
     """A training-time budget and points, in seconds of the training clock (`MetricPointsCallback(train_time=...)`).
@@ -63,7 +66,7 @@ class TrainTime:
     """
 
     max_seconds: float | None = None
-    at_seconds: tuple[float, ...] = ()
+    at_seconds: Sequence[float] = ()
 
     def __post_init__(self):
         if self.max_seconds is not None:

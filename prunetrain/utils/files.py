@@ -48,16 +48,22 @@ def _pairs_without_duplicates(pairs: list[tuple[str, Any]]) -> dict:
     return out
 
 
+def utf8_text(text: str | bytes, where: str) -> str:
+    """`text` as str: bytes are decoded as UTF-8; ValueError naming `where` and the first bad byte's offset."""
+    if isinstance(text, bytes):
+        try:
+            return text.decode("utf-8")
+        except UnicodeDecodeError as err:
+            raise ValueError(f"{where} is not valid UTF-8 (byte offset {err.start}).") from None
+    return text
+
+
 def parse_json(text: str | bytes, where: str, expected: type | tuple[type, ...] = dict,
                allow_nan: bool = False) -> Any:
     """Strict JSON from `text`; ValueError naming `where` for anything that is not standard JSON of the `expected`
     top-level type. `allow_nan=True` reads `NaN`/`Infinity` (files Python's `json.dumps` wrote with its defaults,
     such as a training state holding a diverged metric); duplicate keys are refused either way."""
-    if isinstance(text, bytes):
-        try:
-            text = text.decode("utf-8")
-        except UnicodeDecodeError as err:
-            raise ValueError(f"{where} is not valid UTF-8 (byte offset {err.start}).") from None
+    text = utf8_text(text, where)
     try:
         data = json.loads(text, parse_constant=None if allow_nan else _no_constant,
                           object_pairs_hook=_pairs_without_duplicates)
@@ -115,4 +121,4 @@ def dumps_strict(value: Any, what: str, **kwargs) -> str:
     return json.dumps(value, allow_nan=False, **kwargs)
 
 
-__all__ = ["MAX_JSON_BYTES", "check_regular_file", "dumps_strict", "first_non_finite", "parse_json", "read_json"]
+__all__ = ["MAX_JSON_BYTES", "check_regular_file", "dumps_strict", "first_non_finite", "parse_json", "read_json", "utf8_text"]

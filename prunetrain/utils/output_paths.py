@@ -6,9 +6,17 @@ Three rules, each refusal one sentence naming the flag:
    neither writing nor replacing it can touch what the command reads (data, model, tokenizer, mask, input text).
    The one exception is asked for by name (`in_place=`): a command that reads a model completely before writing may
    replace that model's directory (`shrink M --output M --overwrite`).
-2. `--overwrite` replaces only an empty directory or one prunetrain recognises as its own output: a recipe run
-   directory (`recipe.yaml`) or a saved model directory whose every entry is a file prunetrain or `save_pretrained`
-   writes there (`is_replaceable`). A directory holding anything else is never removed.
+2. `--overwrite` replaces only an empty directory or one prunetrain marked as its own output: every directory
+   prunetrain writes carries `.prunetrain-output.json` (`MARKER_FILE`: its kind, the marker's version and, for a
+   directory written whole, the entries prunetrain wrote there), written into the staging directory just before
+   the swap (`replace_directory(..., kind=...)`) or, for a recipe run, when the run starts. A directory counts as
+   prunetrain's by that marker alone, never by the names of its files (a user's directory that happens to hold a
+   `recipe.yaml` or a `config.json` is never removed), and a marked directory that also holds an entry the marker
+   does not list (the user's file put there since) is not replaced either. A directory without a marker is never
+   replaced, also not one written by a prunetrain from before markers (`replace_refusal` tells how to remove it by
+   hand): a rule by file names could misfire on a user's files, and these were all from recipe runs and saved
+   models that the user can delete or move themselves. Each writer replaces only its own kinds (a model save
+   never replaces a recipe run).
 3. Replacing is crash-safe at any signal. The new directory is built in a hidden staging directory beside the
    destination (`staging_directory`); once it is complete the old directory is renamed aside, the new one renamed
    into place, and the old one removed (`replace_directory`), with SIGINT and SIGTERM held back during those steps.
@@ -26,18 +34,22 @@ current directory, the home directory or one holding it, and the file-system roo
 output that is a symbolic link to nothing (dangling or a loop: `check_not_dangling`). A write the file system
 refuses (full, read-only, ...) is one line naming the flag (`prunetrain.utils.write_errors`, in `output_lock`).
 
-Only a SIGKILL (or a power cut) can leave a hidden `.NAME.staging-*` / `.NAME.replaced-*` directory (or an unlocked
-`.NAME.prunetrain-lock` file) behind; the destination itself is then still either the old directory, whole, or the
-new one, whole. The functions hold no state about ranks: under torchrun call them from the rank that writes
-(rank 0).
+Only a SIGKILL (or a power cut) can leave a hidden `.NAME.staging-*`, `.NAME.replaced-*` or `.NAME.removing-*`
+directory (or an unlocked `.NAME.prunetrain-lock` file) behind; the destination itself is then still either the old
+directory, whole, or the new one, whole — or, killed between the two renames of a swap, absent with the old one
+whole in `.NAME.replaced-*/old`. The next writer of NAME repairs this when it takes the lock (`recover_leftovers`):
+an old directory set aside by a swap that did not happen is put back, every other leftover is removed. A recipe run
+that replaces a run keeps the old one whole beside it (`.NAME.previous-*`, `set_aside`) until the new run is
+complete (prunetrain.mt.run.run_dir). The functions hold no state about ranks: under torchrun call them from the
+rank that writes (rank 0).
 """
 
 from __future__ import annotations
 
 import contextlib
 import fcntl
+import json
 import os
-import re
 import shutil
 import tempfile
 import threading
@@ -47,14 +59,14 @@ from typing import Iterator, Mapping
 from prunetrain.utils.signals import Terminated, cleanup_on_signal, signals_held, signals_raise
 from prunetrain.utils.write_errors import write_errors
 
-RUN_MARKER = "recipe.yaml"  # prunetrain.mt.run_dir.RUN_MARKER: the first file a recipe run writes
-MODEL_FILE_NAMES = frozenset({
-    "config.json", "generation_config.json", "prunetrain_layout.json", "modeling_prunetrain.py", "mask.json",
-    "model.safetensors.index.json", "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
-    "added_tokens.json", "vocab.json", "merges.txt", "chat_template.jinja", "tokenizer", "preprocessor_config.json",
-})
-MODEL_FILE_PATTERN = re.compile(r"^(model(-\d+-of-\d+)?\.safetensors|[\w.-]+\.(onnx|onnx_data|gguf)|[\w-]+\.model)$")
-"""Entries a saved model directory may hold (HF `save_pretrained`, `save_pruned`, tokenizers, ONNX exports)."""
+MARKER_FILE = ".prunetrain-output.json"
+"""The file that makes a directory prunetrain's own output (rule 2); hidden, so exports never copy it along."""
+MARKER_VERSION = 1
+MODEL_KINDS = ("model", "export")  # saved model directories (save_pruned, prune, shrink, ...) and exports
+KINDS = (*MODEL_KINDS, "recipe-run", "comparison", "kept-run")
+"""What a marked directory holds: a saved model, an export, a recipe run (`prunetrain recipe`, its entries not
+listed: a run writes for hours), a comparison (`prunetrain compare`), a run's results kept by scripts/keep_run.sh."""
+MAX_MARKER_BYTES = 2**20
 
 
 # -------------------------------------------------------------------------------------------------------------------
@@ -108,17 +120,68 @@ def check_disjoint(output: str | os.PathLike, inputs: Mapping[str, str | os.Path
 # -------------------------------------------------------------------------------------------------------------------
 # rule 2: what --overwrite may replace
 # -------------------------------------------------------------------------------------------------------------------
-def foreign_entry(directory: str | os.PathLike) -> str | None:
-    """None if `directory` is empty or recognisably prunetrain's own output (a recipe run directory, or a saved model
-    directory holding only model, tokenizer and ONNX files); else the name of an entry prunetrain did not write."""
+def write_marker(directory: str | os.PathLike, kind: str, *, list_entries: bool = True, **extra) -> Path:
+    """Mark `directory` as prunetrain's output of `kind` (`MARKER_FILE`, written atomically): {"kind", "version",
+    "entries": the names it holds now (None with `list_entries=False`), **extra}. Call it on a complete directory,
+    before it is swapped into place (`replace_directory(..., kind=...)` does)."""
+    if kind not in KINDS:
+        raise ValueError(f"kind: {kind!r} is not one of {', '.join(KINDS)}.")
     directory = Path(directory)
-    entries = sorted(os.listdir(directory))
-    if not entries or RUN_MARKER in entries:
+    entries = sorted(name for name in os.listdir(directory) if name != MARKER_FILE) if list_entries else None
+    record = {"kind": kind, "version": MARKER_VERSION, "entries": entries, **extra}
+    return write_file(directory / MARKER_FILE, json.dumps(record, indent=1) + "\n")
+
+
+def read_marker(directory: str | os.PathLike) -> dict | None:
+    """The marker of `directory` ({"kind", "version", "entries", ...}), or None when it has none that prunetrain
+    wrote: no `MARKER_FILE`, a link or anything but a regular file there, or content that is not a marker record of
+    a known kind and version."""
+    path = Path(directory) / MARKER_FILE
+    try:
+        if path.is_symlink() or not path.is_file() or path.stat().st_size > MAX_MARKER_BYTES:
+            return None
+        record = json.loads(path.read_bytes())
+    except (OSError, ValueError, RecursionError):
         return None
-    if "config.json" not in entries:
-        return entries[0]
-    return next((name for name in entries if name not in MODEL_FILE_NAMES and not MODEL_FILE_PATTERN.match(name)),
-                None)
+    if not isinstance(record, dict) or record.get("kind") not in KINDS or record.get("version") != MARKER_VERSION:
+        return None
+    entries = record.get("entries")
+    if entries is not None and not (isinstance(entries, list) and all(isinstance(e, str) for e in entries)):
+        return None
+    return record
+
+
+def replace_refusal(directory: str | os.PathLike, kinds: tuple[str, ...] = MODEL_KINDS, *, flag: str = "--output",
+                    overwrite_flag: str = "--overwrite") -> str | None:
+    """None if the non-empty `directory` may be replaced by a writer of `kinds`; else the one-sentence refusal: no
+    prunetrain marker (a user's directory, or one from a prunetrain before markers), a marker of another kind, or an
+    entry the marker does not list (the user's file put there since)."""
+    shown = str(directory)
+    marker = read_marker(directory)
+    if marker is None:
+        return (f"{flag}: {shown!r} is not empty and carries no prunetrain marker ({MARKER_FILE}): prunetrain did not "
+                f"write it (or a version from before directories were marked did); {overwrite_flag} replaces only "
+                f"directories prunetrain marked as its own — if it is yours to delete, remove it yourself "
+                f"(rm -r {shown}), or choose another {flag}.")
+    if marker["kind"] not in kinds:
+        return (f"{flag}: {shown!r} holds a {marker['kind']} prunetrain wrote, which {overwrite_flag} here does not "
+                f"replace (only a {' or '.join(kinds)}); choose another {flag}.")
+    foreign = foreign_entry(directory, marker)
+    if foreign is not None:
+        return (f"{flag}: {shown!r} holds {foreign!r}, which is not part of the {marker['kind']} prunetrain wrote "
+                f"there; {overwrite_flag} replaces only what prunetrain wrote — move it away or choose another "
+                f"{flag}.")
+    return None
+
+
+def foreign_entry(directory: str | os.PathLike, marker: dict | None = None) -> str | None:
+    """The first entry of the marked `directory` that its marker does not list (None when the marker lists none:
+    a recipe run's)."""
+    marker = marker if marker is not None else read_marker(directory)
+    if marker is None or marker.get("entries") is None:
+        return None
+    listed = set(marker["entries"]) | {MARKER_FILE}
+    return next((name for name in sorted(os.listdir(directory)) if name not in listed), None)
 
 
 def check_not_protected(output: str | os.PathLike, *, flag: str = "--output") -> None:
@@ -139,10 +202,11 @@ def check_not_protected(output: str | os.PathLike, *, flag: str = "--output") ->
 
 def check_output_dir(output: str | os.PathLike, *, overwrite: bool, flag: str = "--output",
                      inputs: Mapping[str, str | os.PathLike | None] | None = None,
-                     in_place: str | None = None, overwrite_flag: str = "--overwrite") -> Path:
+                     in_place: str | None = None, overwrite_flag: str = "--overwrite",
+                     kinds: tuple[str, ...] = MODEL_KINDS) -> Path:
     """A directory output: disjoint from the inputs (rule 1), not a protected directory (`check_not_protected`);
-    absent, empty, or with `overwrite` a directory prunetrain may replace (rule 2). Returns `output` as a Path;
-    nothing is written. The command line and the library's savers (`overwrite=True`) share this one rule.
+    absent, empty, or with `overwrite` a directory prunetrain marked as its own, of one of `kinds` (rule 2).
+    Returns `output` as a Path; nothing is written. The command line and the library's savers (`overwrite=True`) share this one rule.
 
     Args:
         output: the directory to write.
@@ -151,6 +215,7 @@ def check_output_dir(output: str | os.PathLike, *, overwrite: bool, flag: str = 
         inputs: what the command reads (see `check_disjoint`).
         in_place: the input the output may equal (replacing it still needs `overwrite`).
         overwrite_flag: how messages name the overwrite switch ("--overwrite", "overwrite=True").
+        kinds: the kinds of marked directory this writer replaces (`replace_refusal`).
     """
     check_disjoint(output, inputs or {}, flag=flag, in_place=in_place)
     check_not_protected(output, flag=flag)
@@ -163,11 +228,9 @@ def check_output_dir(output: str | os.PathLike, *, overwrite: bool, flag: str = 
     if not overwrite:
         raise ValueError(f"{flag}: {str(output)!r} already exists and is not empty; pass {overwrite_flag} to replace "
                          f"it.")
-    foreign = foreign_entry(output)
-    if foreign is not None:
-        raise ValueError(f"{flag}: {str(output)!r} holds {foreign!r}, which is not part of a model or run directory "
-                         f"prunetrain writes; {overwrite_flag} replaces only those — move it away or choose another "
-                         f"{flag}.")
+    refusal = replace_refusal(output, kinds, flag=flag, overwrite_flag=overwrite_flag)
+    if refusal is not None:
+        raise ValueError(refusal)
     return output
 
 
@@ -253,12 +316,18 @@ def staging_directory(destination: str | os.PathLike) -> Iterator[Path]:
         yield made[0]
 
 
-def replace_directory(new: str | os.PathLike, destination: str | os.PathLike) -> Path:
+def replace_directory(new: str | os.PathLike, destination: str | os.PathLike, *, kind: str | None = None,
+                      **marker) -> Path:
     """Put the complete directory `new` at `destination` (same file system): the old `destination` is renamed aside,
     `new` renamed into place, then the old one removed — SIGINT/SIGTERM held back throughout, so the destination
-    is always either the old directory or the new one, whole. The caller has checked that `destination` may be
-    replaced (`check_output_dir` or its own `overwrite` rule). Returns `destination` as given."""
+    is always either the old directory or the new one, whole (a SIGKILL between the two renames leaves the old one
+    in `.NAME.replaced-*/old`, put back by the next writer: `recover_leftovers`). The caller has checked that
+    `destination` may be replaced (`check_output_dir` or its own `overwrite` rule). With `kind`, `new` is first
+    marked as prunetrain's output of that kind (`write_marker`, listing its entries; `marker`: further fields).
+    Returns `destination` as given."""
     new, target = Path(new), _real(destination)
+    if kind is not None:
+        write_marker(new, kind, **marker)
     with signals_held():
         aside = None
         if target.exists() or target.is_symlink():
@@ -272,8 +341,16 @@ def replace_directory(new: str | os.PathLike, destination: str | os.PathLike) ->
                 aside.rmdir()
             raise
         if aside is not None:
-            shutil.rmtree(aside, ignore_errors=True)
+            _remove_hidden(aside, target)
     return Path(destination)
+
+
+def _remove_hidden(path: Path, target: Path) -> None:
+    """Delete `path` (beside `target`) so that a SIGKILL meanwhile leaves only a `.NAME.removing-*` leftover, which
+    the next writer removes: renamed to one first."""
+    removing = Path(tempfile.mkdtemp(prefix=f".{target.name}.removing-", dir=target.parent))
+    os.rename(path, removing / "gone")
+    shutil.rmtree(removing, ignore_errors=True)
 
 
 def remove_directory(path: str | os.PathLike) -> None:
@@ -283,9 +360,84 @@ def remove_directory(path: str | os.PathLike) -> None:
     if not target.exists():
         return
     with signals_held():
-        aside = Path(tempfile.mkdtemp(prefix=f".{target.name}.replaced-", dir=target.parent))
+        _remove_hidden(target, target)
+
+
+def set_aside(destination: str | os.PathLike) -> Path:
+    """Move the directory `destination` whole to a hidden `.NAME.previous-*/old` beside it (one atomic rename) and
+    return that `.NAME.previous-*` directory: the old output kept while a new one is written in its place, until
+    `drop_set_aside` (the new one is complete) or `put_back` (it failed)."""
+    target = _real(destination)
+    with signals_held():
+        aside = Path(tempfile.mkdtemp(prefix=f".{target.name}.previous-", dir=target.parent))
         os.rename(target, aside / "old")
+    return aside
+
+
+def put_back(aside: str | os.PathLike, destination: str | os.PathLike) -> None:
+    """Put the directory `set_aside` kept in `aside` back at `destination`, removing what is there now (the new
+    output that did not complete); SIGINT/SIGTERM held back, so `destination` is the new or the old one at any
+    signal, and a SIGKILL leaves what `recover_set_aside` repairs."""
+    aside, target = Path(aside), _real(destination)
+    with signals_held():
+        if target.exists() or target.is_symlink():
+            _remove_hidden(target, target)
+        os.rename(aside / "old", target)
         shutil.rmtree(aside, ignore_errors=True)
+
+
+def drop_set_aside(aside: str | os.PathLike, destination: str | os.PathLike) -> None:
+    """Delete the old output `set_aside` kept (the new one is complete)."""
+    with signals_held():
+        _remove_hidden(Path(aside), _real(destination))
+
+
+def set_aside_leftovers(destination: str | os.PathLike) -> list[Path]:
+    """The `.NAME.previous-*` directories beside `destination` that hold an old output `set_aside` kept."""
+    target = _real(destination)
+    if not target.parent.is_dir():
+        return []
+    return sorted(target.parent / name for name in os.listdir(target.parent)
+                  if name.startswith(f".{target.name}.previous-") and (target.parent / name / "old").is_dir())
+
+
+def recover_set_aside(destination: str | os.PathLike, complete: bool) -> str | None:
+    """After a SIGKILL of a writer that kept the old output aside: drop the old one when `destination` holds a
+    `complete` new one, else put the old one back (the new one did not finish). Returns a line saying which, or
+    None when nothing was kept aside."""
+    kept = set_aside_leftovers(destination)
+    if not kept:
+        return None
+    for aside in kept[1:]:  # more than one: only the newest can be the output the last writer replaced
+        drop_set_aside(aside, destination)
+    if complete:
+        drop_set_aside(kept[0], destination)
+        return None
+    put_back(kept[0], destination)
+    return (f"output: {destination}: a replacement that did not finish was stopped; the output it was to replace, "
+            f"kept whole beside it, is back in place")
+
+
+def recover_leftovers(destination: str | os.PathLike) -> None:
+    """What a SIGKILL of an earlier writer of `destination` left beside it, repaired (call it holding the lock):
+    an old directory a swap had set aside but not yet replaced is put back when `destination` is missing; staging,
+    set-aside-and-replaced and half-removed directories are removed. `.NAME.previous-*` is left to its writer
+    (`recover_set_aside`)."""
+    target = _real(destination)
+    if not target.parent.is_dir():
+        return
+    prefix = f".{target.name}."
+    with signals_held():
+        for name in sorted(os.listdir(target.parent)):
+            rest = name[len(prefix):] if name.startswith(prefix) else ""
+            path = target.parent / name
+            if rest.startswith("replaced-"):
+                old = path / "old"
+                if not (target.exists() or target.is_symlink()) and (old.exists() or old.is_symlink()):
+                    os.rename(old, target)  # killed between the swap's two renames: the old one, whole
+                shutil.rmtree(path, ignore_errors=True)
+            elif rest.startswith(("staging-", "removing-")) and path.is_dir() and not path.is_symlink():
+                shutil.rmtree(path, ignore_errors=True)
 
 
 def write_file(path: str | os.PathLike, data: str | bytes, encoding: str = "utf-8") -> Path:
@@ -351,6 +503,16 @@ def output_lock(destination: str | os.PathLike, *, flag: str = "--output") -> It
             with _held_guard:
                 _held_locks[lock] = [descriptor, 1]
     try:
+        with write_errors(flag, destination):
+            recover_leftovers(destination)  # what a killed writer left: repaired before anything is checked
+    except BaseException:
+        with signals_held():
+            with _held_guard:
+                del _held_locks[lock]
+            _unlink_if_present(lock)
+            os.close(descriptor)
+        raise
+    try:
         with write_errors(flag, destination):  # (prunetrain.utils.write_errors)
             yield lock
     finally:
@@ -393,6 +555,8 @@ def _take_lock(lock: Path, destination, flag: str) -> int:
         os.close(descriptor)
 
 
-__all__ = ["OutputLocked", "Terminated", "check_disjoint", "check_not_dangling", "check_not_protected",
-           "check_output_dir", "check_output_file", "foreign_entry", "lock_file", "output_lock", "remove_directory",
-           "replace_directory", "signals_held", "signals_raise", "staging_directory", "write_file"]
+__all__ = ["KINDS", "MARKER_FILE", "MARKER_VERSION", "MODEL_KINDS", "OutputLocked", "Terminated", "check_disjoint",
+           "check_not_dangling", "check_not_protected", "check_output_dir", "check_output_file", "drop_set_aside",
+           "foreign_entry", "lock_file", "output_lock", "put_back", "read_marker", "recover_leftovers",
+           "recover_set_aside", "remove_directory", "replace_directory", "replace_refusal", "set_aside",
+           "set_aside_leftovers", "signals_held", "signals_raise", "staging_directory", "write_file", "write_marker"]

@@ -139,6 +139,19 @@ def check_kinds(argument: str, kinds: Any, allowed: Sequence[str]) -> list[str] 
     return chosen
 
 
+def check_sentences(argument: str, sources: Any) -> list[str]:
+    """Sentences to translate as a list of str, read from any iterable (a generator too, read once): a bare string
+    (one text, which would be translated character by character) or a non-string sentence is refused."""
+    if isinstance(sources, (str, bytes)) or not isinstance(sources, Iterable):
+        raise ValueError(f"{argument}: {short_repr(sources)} is not a list of sentences; pass a list of str (one "
+                         f"sentence per item, e.g. [text] for one).")
+    sources = list(sources)
+    for index, source in enumerate(sources):
+        if not isinstance(source, str):
+            raise ValueError(f"{argument}: item {index + 1} is {short_repr(source)}, not a str sentence.")
+    return sources
+
+
 def check_fractions(argument: str, fractions: Any) -> list[float]:
     """A non-empty list of fractions in [0, 1], returned sorted without duplicates."""
     if isinstance(fractions, (str, bytes)) or not isinstance(fractions, Iterable):

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from prunetrain.zoo import VOCAB, Architecture, register_architecture
+from prunetrain.zoo.architectures import VOCAB, Architecture, register_architecture
 
 
 def _bert(cls_name):

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from prunetrain.zoo import VOCAB, Architecture, register_architecture
+from prunetrain.zoo.architectures import VOCAB, Architecture, register_architecture
 
 _COMMON = dict(vocab_size=VOCAB, num_hidden_layers=2, max_position_embeddings=64, bos_token_id=0, eos_token_id=2,
                pad_token_id=1, tie_word_embeddings=False)

@@ -5,7 +5,7 @@ Tiny configs (width 32, 4 heads of 8, no dropout); masked-LM heads so that every
 
 from __future__ import annotations
 
-from prunetrain.zoo import VOCAB, Architecture, register_architecture
+from prunetrain.zoo.architectures import VOCAB, Architecture, register_architecture
 
 _NO_DROPOUT = dict(hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import torch
 
-from prunetrain.zoo import VOCAB, Architecture, register_architecture
+from prunetrain.zoo.architectures import VOCAB, Architecture, register_architecture
 
 _BART_LIKE = dict(d_model=32, encoder_layers=2, decoder_layers=2, encoder_attention_heads=4, decoder_attention_heads=4,
                   encoder_ffn_dim=64, decoder_ffn_dim=64, max_position_embeddings=64, dropout=0.0,

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import torch
 
-from prunetrain.zoo import VOCAB, Architecture, register_architecture
+from prunetrain.zoo.architectures import VOCAB, Architecture, register_architecture
 
 IMAGE, PATCH, LABELS = 16, 4, 3
 _TOWER = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64,

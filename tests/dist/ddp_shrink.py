@@ -26,7 +26,7 @@ from transformers import MarianMTModel, Seq2SeqTrainer, Seq2SeqTrainingArguments
 
 from process_group import end_process_group  # tests/dist, the script's own folder
 from prunetrain.engine.heads import find_heads, find_sites
-from prunetrain.mt.data import build_dataset, make_collator, marian_config, read_parallel, train_tokenizer
+from prunetrain.mt.text.data import build_dataset, make_collator, marian_config, read_parallel, train_tokenizer
 from prunetrain.training import (GateTraining, HardConcreteCallback, HeadPruningCallback, Importance, Schedule,
                                  last_complete_checkpoint, restore_layout)
 

@@ -42,7 +42,7 @@ from transformers import MarianMTModel, TrainerControl, TrainerState, TrainingAr
 from transformers.trainer_callback import CallbackHandler
 
 from prunetrain.engine.heads import find_heads, find_sites
-from prunetrain.mt.data import build_dataset, make_collator, marian_config, read_parallel, train_tokenizer
+from prunetrain.mt.text.data import build_dataset, make_collator, marian_config, read_parallel, train_tokenizer
 from prunetrain.training import (DistillationCallback, GateTraining, HardConcreteCallback, HeadPruningCallback,
                                  Importance, Output, Schedule, last_complete_checkpoint, restore_layout)
 from prunetrain.training.distributed import any_rank

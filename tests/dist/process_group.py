@@ -5,7 +5,7 @@ teardown can kill a rank after its work is done: gloo's worker threads still hol
 the interpreter, and the rank aborts ("terminate called without an active exception", SIGABRT; seen in CI on a
 rank that had written its result). PyTorch's documentation asks every process to call `destroy_process_group()`
 near the end of its main; a training script of a user should do the same, and the recipe's ranks do
-(`prunetrain.mt.ranks`)."""
+(`prunetrain.mt.run.ranks`)."""
 
 import torch.distributed as dist
 

@@ -20,7 +20,7 @@ from transformers import (AutoModelForCausalLM, DataCollatorForLanguageModeling,
 
 from process_group import end_process_group  # tests/dist, the script's own folder
 from prunetrain import HeadPruningCallback, Importance, Output, Schedule, find_heads, last_complete_checkpoint
-from prunetrain.mt.data import read_parallel, train_tokenizer
+from prunetrain.mt.text.data import read_parallel, train_tokenizer
 
 
 class KillAt(TrainerCallback):

@@ -26,7 +26,7 @@ from process_group import end_process_group  # tests/dist, the script's own fold
 from prunetrain import (HardConcreteCallback, HeadPruningCallback, attached_masks, find_heads,
                         last_complete_checkpoint, restore_layout)
 from prunetrain.engine.mask import owner_label
-from prunetrain.mt.data import read_parallel, train_tokenizer
+from prunetrain.mt.text.data import read_parallel, train_tokenizer
 
 
 class KillAt(TrainerCallback):

@@ -19,7 +19,7 @@ import torch
 from transformers import MarianMTModel, Seq2SeqTrainer, Seq2SeqTrainingArguments, TrainerCallback
 
 from process_group import end_process_group  # tests/dist, the script's own folder
-from prunetrain.mt.data import build_dataset, make_collator, marian_config, read_parallel, train_tokenizer
+from prunetrain.mt.text.data import build_dataset, make_collator, marian_config, read_parallel, train_tokenizer
 from prunetrain.training.cooldown import TrainTimeCooldownCallback
 from prunetrain.training.metric_points import MetricPointsCallback
 from prunetrain.training.training_clock import TrainTime, measuring

@@ -17,7 +17,7 @@ from transformers import MarianMTModel, Seq2SeqTrainer, Seq2SeqTrainingArguments
 
 from process_group import end_process_group  # tests/dist, the script's own folder
 from prunetrain.engine.heads import find_heads
-from prunetrain.mt.data import build_dataset, make_collator, marian_config, read_parallel, train_tokenizer
+from prunetrain.mt.text.data import build_dataset, make_collator, marian_config, read_parallel, train_tokenizer
 from prunetrain.training.callbacks import HeadPruningCallback, last_complete_checkpoint, restore_layout
 from prunetrain.training.options import Importance, Schedule
 

@@ -54,6 +54,7 @@ from prunetrain.engine.heads import LAYOUT_CONFIG_KEY, AttentionSite, HeadSite
 from prunetrain.engine.peft_support import base_layer
 from prunetrain.engine.registry import (adapter_for, register, supported_families,  # noqa: F401  (the registry's
                                         supported_model_types, unregister)  # interface, importable from here too)
+from prunetrain.utils.door import checked
 
 Select = Callable[[nn.Parameter, int, torch.Tensor], None]
 """`select(param, dim, index)`: keep `index` along `dim` of `param`, in place (and in the optimizer state)."""
@@ -253,6 +254,7 @@ def define_headless(name: str, base: Callable[[], type], out: str | None, head_d
 # ---------------------------------------------------------------------------------------------------------------------
 # FFN neurons: where a family keeps them, and how a site of them is sliced
 # ---------------------------------------------------------------------------------------------------------------------
+@checked
 class FeedForward:
     """Where one family keeps its FFN neurons: the module classes holding an FFN, the up projections whose output
     features are the neurons, and the down projection whose input features are the neurons.

@@ -28,6 +28,7 @@ from prunetrain.engine.mask import HeadMask
 from prunetrain.methods.importance.loop import (LossFn, autocast_context, batch_loss, finish_scores, iter_batches,
                                                 scoring_mode, scoring_setup)
 from prunetrain.methods.importance.scores import HeadScores
+from prunetrain.utils.door import checked
 from prunetrain.utils.validate import check_choice
 
 PER = ("batch", "example")
@@ -127,6 +128,7 @@ def _unit_gates(per: str, net: nn.Module, layout: HeadLayout) -> Iterator["_Batc
         gates.close()
 
 
+@checked(own=("batches", "loss_fn", "autocast"))
 def head_importance(
     model: nn.Module,
     batches: Iterable[Mapping[str, Any]],

@@ -14,6 +14,7 @@ from prunetrain.methods.importance.gradient import NORMALIZE, PER, REDUCTION, he
 from prunetrain.methods.importance.loop import LossFn
 from prunetrain.methods.importance.scorers import ablation_scores, confidence_scores, random_scores
 from prunetrain.methods.importance.scores import HeadScores
+from prunetrain.utils.door import checked
 from prunetrain.utils.validate import check_bool, check_choice, check_int
 
 
@@ -39,6 +40,7 @@ class Scorer(Protocol):
     def __call__(self, model: nn.Module, batches: Iterable[Mapping[str, Any]]) -> HeadScores: ...
 
 
+@checked(own=("loss_fn", "autocast"))
 @dataclass
 class GradientScorer:
     """Michel et al. (2019) I_h = E_x |∂L(x)/∂ξ_h| (`head_importance`). Cost: 1 forward + 1 backward per batch."""
@@ -65,6 +67,7 @@ class GradientScorer:
                                sync=self.sync, units=self.units)
 
 
+@checked(own=("loss_fn", "autocast"))
 @dataclass
 class AblationScorer:
     """Loss change when each head alone is removed (`ablation_scores`). Cost: 1 + H forward passes per batch."""
@@ -82,6 +85,7 @@ class AblationScorer:
                                max_batches=self.max_batches, sync=self.sync)
 
 
+@checked(own=("autocast",))
 @dataclass
 class ConfidenceScorer:
     """Voita et al. (2019) mean maximum attention weight (`confidence_scores`). Cost: 1 forward per batch (eager)."""
@@ -97,6 +101,7 @@ class ConfidenceScorer:
         return confidence_scores(model, batches, autocast=self.autocast, max_batches=self.max_batches, sync=self.sync)
 
 
+@checked
 @dataclass
 class RandomScorer:
     """Seeded uniform scores (`random_scores`): the baseline. Ignores the batches; no forward pass."""
@@ -127,6 +132,7 @@ SCORERS: dict[str, Callable[..., Scorer]] = {
 """Scorer factories by name; `get_scorer(name, **options)` builds one. Add your own with `register_scorer`."""
 
 
+@checked
 def register_scorer(name: str, factory: Callable[..., Scorer]) -> None:
     """Make `get_scorer(name, **options)` return `factory(**options)`.
 
@@ -139,6 +145,7 @@ def register_scorer(name: str, factory: Callable[..., Scorer]) -> None:
     SCORERS[name] = factory
 
 
+@checked
 def get_scorer(name: str | Scorer, **options) -> Scorer:
     """A scorer by registry name (`gradient`, `ablation`, `confidence`, `random`, or registered), built with
     `options`; a callable scorer is returned as is (options must then be empty).

@@ -14,11 +14,13 @@ from prunetrain.engine.mask import HeadMask
 from prunetrain.methods.importance.loop import (HeadSums, LossFn, autocast_context, batch_loss, finish_scores,
                                                 iter_batches, scoring_mode, scoring_setup)
 from prunetrain.methods.importance.scores import HeadScores
+from prunetrain.utils.door import checked
 
 
 # ---------------------------------------------------------------------------------------------------------------------
 # ablation: the real loss change of removing each head alone
 # ---------------------------------------------------------------------------------------------------------------------
+@checked(own=("batches", "loss_fn", "autocast"))
 def ablation_scores(
     model: nn.Module,
     batches: Iterable[Mapping[str, Any]],
@@ -124,6 +126,7 @@ def _eager_attention(model: nn.Module) -> Iterator[None]:
         model.set_attn_implementation(current)
 
 
+@checked(own=("batches", "autocast"))
 def confidence_scores(
     model: nn.Module,
     batches: Iterable[Mapping[str, Any]],
@@ -170,6 +173,7 @@ def confidence_scores(
 # ---------------------------------------------------------------------------------------------------------------------
 # random baseline
 # ---------------------------------------------------------------------------------------------------------------------
+@checked
 def random_scores(model_or_layout: nn.Module | HeadLayout, *, seed: int = 0) -> HeadScores:
     """Uniform [0, 1) scores from a seeded generator: the same seed and layout always give the same scores.
 
@@ -177,8 +181,6 @@ def random_scores(model_or_layout: nn.Module | HeadLayout, *, seed: int = 0) -> 
         model_or_layout: a model or its `HeadLayout`.
         seed: the generator's seed.
     """
-    if not isinstance(seed, int) or isinstance(seed, bool):
-        raise ValueError(f"seed: expected an int, got {seed!r}.")
     layout = model_or_layout if isinstance(model_or_layout, HeadLayout) else find_heads(model_or_layout)
     gen = torch.Generator().manual_seed(seed)
     values = {s.name: torch.rand(s.num_heads, generator=gen, dtype=torch.float64) for s in layout}

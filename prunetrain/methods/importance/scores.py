@@ -11,11 +11,13 @@ from typing import Mapping
 import torch
 
 from prunetrain.engine.heads import HeadLayout
+from prunetrain.utils.door import checked
 
 NORMALIZE_EPS = 1e-20
 """Added to each layer's L2 norm before dividing, as in the authors' code (a layer of all-zero scores stays zero)."""
 
 
+@checked(own=("values",))
 @dataclass(eq=False)
 class HeadScores:
     """One score per head for every site of a `HeadLayout` (float64, CPU). Low score = less important.

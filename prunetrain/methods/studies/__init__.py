@@ -19,7 +19,7 @@ Shared by them: `journal` (the resumable record of units), `evaluation` (the met
 `correlation` (Pearson, Spearman).
 
 `metric(model) -> float | dict` is any callable (see `prunetrain.methods.curve`: `loss_metric`, `accuracy_metric`,
-or `prunetrain.mt.metrics.bleu_metric`); with a dict, `key` names the value to use. Higher is better unless
+or `prunetrain.mt.evaluation.metrics.bleu_metric`); with a dict, `key` names the value to use. Higher is better unless
 `higher_is_better=False` (a loss). A metric whose dict holds per-sentence statistics (`sentence_stats`) and that
 carries `score_from_stats` (`bleu_metric(..., sentence_stats=True)`) gets every change of studies 1–3 tested by a
 paired bootstrap (`prunetrain.methods.significance`), as the paper marks significance at p < 0.01.

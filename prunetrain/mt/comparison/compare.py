@@ -284,8 +284,30 @@ def _num(value, digits: int = 1) -> str:
     return "" if value is None else f"{value:.{digits}f}"
 
 
+def check_distinct_runs(run_dirs: list[str | Path]) -> None:
+    """Each run compared once: paths are resolved first (a symlink or `a/../a` names the run it points to), and two
+    directories whose `results.json` are byte-identical (a copy) are one run as well."""
+    seen: dict[Path, int] = {}
+    contents: dict[bytes, int] = {}
+    for index, run in enumerate(run_dirs):
+        resolved = Path(run).resolve()
+        if resolved in seen:
+            first = run_dirs[seen[resolved]]
+            raise ValueError(f"runs: {str(run)!r} is the same directory as {str(first)!r} (both resolve to "
+                             f"{str(resolved)!r}); give each run once.")
+        seen[resolved] = index
+        results = resolved / "results.json"
+        data = results.read_bytes() if results.is_file() else None
+        if data is not None and data in contents:
+            first = run_dirs[contents[data]]
+            raise ValueError(f"runs: {str(run)!r} holds the same results.json as {str(first)!r} (a copy of one "
+                             f"run); give each run once.")
+        if data is not None:
+            contents[data] = index
+
+
 def write_comparison(run_dirs: list[str | Path], output: str | Path, names: list[str] | None = None, *,
-                     samples: int = 1000, validation_only: bool = False) -> dict:
+                     samples: int | None = None, validation_only: bool = False) -> dict:
     """Compare finished recipe runs (the first is the reference) and write `compare.json`, `compare.md` and
     `compare.png` into `output` (created; an existing non-empty directory is refused before anything is written).
 
@@ -294,19 +316,21 @@ def write_comparison(run_dirs: list[str | Path], output: str | Path, names: list
         output: the directory to write.
         names: a name per run (default: the directories' names); runs that share a name are seeds of one arm,
             summarised over seeds and tested against the first arm (`prunetrain.mt.comparison.compare_arms`).
-        samples: resamples of the paired bootstrap between final models.
+        samples: resamples of the paired bootstrap between final models (default 1000); a validation-only
+            comparison runs no bootstrap and refuses it.
         validation_only: keep only what a choice may look at (`prunetrain.mt.comparison.compare_validation`): no test score
             is computed or written, and no figure (it plots test BLEU).
     """
-    from prunetrain.mt.run.report import training_figure
-
     from prunetrain.mt.comparison.compare_arms import compare_arms
+    from prunetrain.mt.run.report import training_figure
     from prunetrain.utils.output_paths import replace_directory, staging_directory
-
     from prunetrain.utils.validate import check_bool, check_int
 
-    check_int("samples", samples, 1)
     check_bool("validation_only", validation_only)
+    if samples is not None and validation_only:
+        raise ValueError(f"samples: {samples!r} given with validation_only; a validation-only comparison runs no "
+                         f"bootstrap on a test set, so leave --bootstrap-samples out.")
+    samples = check_int("samples", 1000 if samples is None else samples, 1)
     if isinstance(run_dirs, (str, bytes)):
         raise ValueError(f"runs: {run_dirs!r} is one path; give a list of run directories (the reference first).")
     run_dirs = list(run_dirs)
@@ -321,6 +345,7 @@ def write_comparison(run_dirs: list[str | Path], output: str | Path, names: list
             raise ValueError(f"names: {name!r} holds a line break or control character; a run's name is one line "
                              f"of the tables (give --names, or names=, for runs whose directories have such names).")
     loaded = [load_run(d) for d in run_dirs]
+    check_distinct_runs(run_dirs)
     output = Path(output)
     if output.exists() and (not output.is_dir() or any(output.iterdir())):
         raise ValueError(f"output: {str(output)!r} already exists and is not empty; choose a new directory.")
@@ -346,8 +371,8 @@ def write_comparison(run_dirs: list[str | Path], output: str | Path, names: list
                 (built / "figures").rmdir()
         (built / "compare.json").write_text(json.dumps(comparison, indent=1))
         (built / "compare.md").write_text(markdown)
-        replace_directory(built, output)
+        replace_directory(built, output, kind="comparison")
     return comparison
 
 
-__all__ = ["bleu_at_time", "compare_runs", "comparison_markdown", "load_run", "write_comparison"]
+__all__ = ["bleu_at_time", "check_distinct_runs", "compare_runs", "comparison_markdown", "load_run", "write_comparison"]

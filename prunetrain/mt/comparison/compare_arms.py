@@ -15,21 +15,13 @@ validation BLEU at the same FLOP points; every test set, the tests across seeds 
 from __future__ import annotations
 
 import math
-import statistics
 from pathlib import Path
 
+from prunetrain.mt.comparison.arm_stats import TRANSLATIONS_FILE, cell, fmt_stat, mean_sd, run_seed
+from prunetrain.mt.comparison.compare_seeds import (read_split_translations, seed_tests, selection_markdown,
+                                                    shared_test_splits, test_set_tables, test_sets_markdown,
+                                                    valid_score, validation_selection)
 from prunetrain.utils.files import read_json
-
-TRANSLATIONS_FILE = "test_translations.json"
-
-
-def cell(text) -> str:
-    """`text` as one Markdown table cell: a `|` in a run's name is escaped so that it does not split the row."""
-    return str(text).replace("|", "\\|")
-
-
-def run_seed(results: dict) -> int | None:
-    return ((results.get("recipe") or {}).get("train") or {}).get("seed")
 
 
 def group_arms(names: list[str], runs: list[dict]) -> dict[str, list[dict]]:
@@ -42,15 +34,6 @@ def group_arms(names: list[str], runs: list[dict]) -> dict[str, list[dict]]:
                              f"a name are seeds of one setting, so each needs its own seed.")
         arms.setdefault(name, []).append(results)
     return arms
-
-
-def mean_sd(values: list[float | None]) -> dict:
-    """{"mean", "sd" (sample, n − 1; None for one value), "n", "values"} over the values that are not None."""
-    values = [v for v in values if v is not None]
-    if not values:
-        return {"mean": None, "sd": None, "n": 0, "values": []}
-    return {"mean": statistics.fmean(values), "sd": statistics.stdev(values) if len(values) > 1 else None,
-            "n": len(values), "values": values}
 
 
 def value_at_flops(records: list[dict], flops: float, key: str = "bleu") -> float | None:
@@ -84,7 +67,6 @@ def flop_targets(runs: list[dict]) -> list[float]:
 
 
 def summarize_arm(name: str, runs: list[dict]) -> dict:
-    from prunetrain.mt.comparison.compare_seeds import valid_score
 
     finals = [r["test_pruned"] for r in runs]
     valid = [valid_score(r) or {} for r in runs]
@@ -157,18 +139,9 @@ def flops_scale(values) -> tuple[float, str]:
     return 10.0 ** exponent, f"×10^{exponent}"
 
 
-def fmt_stat(stat: dict, digits: int = 2, scale: float = 1.0) -> str:
-    """"mean ± sd" of a `mean_sd` (the mean alone for one value, "" for none)."""
-    if stat["mean"] is None:
-        return ""
-    mean = f"{stat['mean'] / scale:.{digits}f}"
-    return mean if stat["sd"] is None else f"{mean} ± {stat['sd'] / scale:.{digits}f}"
-
-
 def arms_markdown(comparison: dict) -> list[str]:
     """The arms' tables (seeds, equal compute, every test set, tests across seeds, paired bootstrap, the choice on
     validation) as Markdown lines (a `|` in an arm's name escaped)."""
-    from prunetrain.mt.comparison.compare_seeds import selection_markdown, test_sets_markdown
 
     scale, unit = flops_scale([a["train_flops"]["mean"] for a in comparison["arms"]])
     teachers = any((a.get("teacher_flops") or {}).get("n") for a in comparison["arms"])
@@ -236,9 +209,6 @@ def bootstrap_markdown(comparison: dict) -> list[str]:
 def compare_arms(names: list[str], runs: list[dict], run_dirs: list[str | Path], *, samples: int = 1000) -> dict:
     """Summary, equal-FLOP table, every test set, tests across seeds, paired bootstraps and the choice on validation
     of the arms named by `names` (the first arm is the reference)."""
-    from prunetrain.mt.comparison.compare_seeds import (read_split_translations, seed_tests, shared_test_splits, test_set_tables,
-                                             validation_selection)
-
     arms = group_arms(names, runs)
     splits = shared_test_splits(arms)
     by_split: dict[str, list[dict]] = {}

@@ -20,7 +20,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from prunetrain.mt.comparison.compare_arms import TRANSLATIONS_FILE, cell, fmt_stat, mean_sd, run_seed
+from prunetrain.mt.comparison.arm_stats import TRANSLATIONS_FILE, cell, fmt_stat, mean_sd, run_seed
 from prunetrain.utils.files import read_json
 
 FINAL_TRANSLATIONS_DIR = "final_translations"
@@ -170,6 +170,13 @@ def validation_selection(arms: dict[str, list[dict]]) -> dict:
         return dict(out, why=f"no validation score recorded by {', '.join(lacking)}")
     if len(splits) > 1:
         return dict(out, why=f"the runs scored different validation splits ({', '.join(splits)})")
+    counted = [(name, r, sentence_count(valid_score(r))) for name, r in runs]
+    counted = [c for c in counted if c[2] is not None]
+    for name, results, count in counted[1:]:
+        if count != counted[0][2]:  # as for the test sets: a ranking compares scores of the same sentences
+            raise ValueError(f"runs: arm {name!r} seed {run_seed(results)} scored {count} sentences of validation "
+                             f"split {splits[0]!r} and arm {counted[0][0]!r} seed {run_seed(counted[0][1])} "
+                             f"{counted[0][2]}; a choice on validation compares scores of the same sentences.")
     ranking = [{"arm": name, "valid_bleu": mean_sd([valid_score(r)["bleu"] for r in group])}
                for name, group in arms.items()]
     ranking.sort(key=lambda row: -row["valid_bleu"]["mean"])

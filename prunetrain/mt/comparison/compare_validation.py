@@ -11,7 +11,7 @@ score, test translation or bootstrap on a test set is computed, written or print
 from __future__ import annotations
 
 from prunetrain.mt.comparison.compare_arms import (cell, equal_flops_table, flops_scale, fmt_stat, group_arms, mean_sd,
-                                        summarize_arm)
+                                                   summarize_arm)
 from prunetrain.mt.comparison.compare_seeds import selection_markdown, validation_selection
 
 ARM_FIELDS = ("arm", "seeds", "heads", "steps", "train_flops", "valid_bleu", "valid_chrf")

@@ -10,7 +10,6 @@ field.
 from __future__ import annotations
 
 import dataclasses
-import math
 import re
 import typing
 from dataclasses import dataclass, field
@@ -19,79 +18,30 @@ from pathlib import Path
 import yaml
 
 from prunetrain.mt.config.recipe_budget import check_budgets
+from prunetrain.mt.config.recipe_common import (  # noqa: F401 (names the recipe has always offered)
+    ATTN_IMPLEMENTATIONS,
+    KINDS,
+    MEASURED_ATTENTIONS,
+    METHODS,
+    MODES,
+    PRECISIONS,
+    SCOPES,
+    TRAIN_PRECISIONS,
+    DataConfig,
+    _check_counts,
+    _check_fractions,
+    _check_header,
+    _check_number,
+    _check_scheduler,
+    _pruned_heads,
+)
+from prunetrain.mt.config.recipe_l0 import GateEvalConfig, GateSweepRecipe, GateTrainConfig, SweepConfig
 from prunetrain.mt.config.recipe_yaml import build_dataclass, load_override_value, load_recipe_mapping
 from prunetrain.mt.run.run_checks import check_static_limits
 from prunetrain.training.points import check_epoch_points, check_step_points
 from prunetrain.utils.validate import check_bool, check_choice, check_fraction, check_int
 
 RECIPES_DIR = Path(__file__).resolve().parents[1] / "recipes"  # shipped as package data
-KINDS = ("encoder_self", "decoder_self", "cross")  # the attention kinds of the recipes' Marian model
-PRECISIONS = ("auto", "bf16", "fp32")
-TRAIN_PRECISIONS = PRECISIONS + ("measure",)  # measure: the faster of bf16 and fp32 on this machine, timed first
-ATTN_IMPLEMENTATIONS = ("eager", "sdpa", "flex_attention", "flash_attention_2")
-MEASURED_ATTENTIONS = ("eager", "sdpa")  # model.attn_implementation=measure: the faster of these, timed first
-SCOPES = ("global", "layer", "kind")
-MODES = ("mask", "shrink")
-METHODS = ("importance", "l0")
-_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
-
-
-def _check_number(key: str, value: float, low: float, high: float | None = None, *, low_open: bool = False,
-                  high_open: bool = False) -> None:
-    """A finite number in [low, high] (open ends where asked), else one sentence naming the recipe key."""
-    too_low = value <= low if low_open else value < low
-    too_high = high is not None and (value >= high if high_open else value > high)
-    if not math.isfinite(value) or too_low or too_high:
-        interval = (("(" if low_open else "[") + f"{low:g}, " +
-                    ("inf)" if high is None else f"{high:g}" + (")" if high_open else "]")))
-        raise ValueError(f"{key}: {value!r} is not allowed; expected a finite number in {interval}.")
-
-
-def _check_fractions(key: str, values) -> None:
-    for value in values:
-        check_fraction(key, value)
-
-
-def _check_counts(key: str, values, minimum: int = 1) -> None:
-    for value in values:
-        check_int(key, value, minimum)
-
-
-def _check_scheduler(key: str, value: str) -> None:
-    from transformers.trainer_utils import SchedulerType
-
-    check_choice(key, value, [s.value for s in SchedulerType])
-
-
-def _pruned_heads(fraction: float, total: int) -> int:
-    """Heads a fraction prunes out of `total` (rounded half up, as `prunetrain.methods.selection.select_heads`)."""
-    return int(math.floor(fraction * total + 0.5 + 1e-9))
-
-
-@dataclass
-class DataConfig:
-    dir: str = ""  # parallel-text directory (train|valid|test.{src,tgt}); "" = <shared data>/multi30k
-    hf_dataset: str = ""  # a Hugging Face dataset name instead of `dir` (needs network)
-    src: str = "de"
-    tgt: str = "en"
-    train_limit: int = 0  # use only the first N training pairs (0: all)
-    test_split: str = "test"
-    vocab_size: int = 8000  # joint subword vocabulary (byte-level BPE) trained on the training split
-    max_length: int = 128  # tokens per sentence (longer ones are truncated)
-
-    def __post_init__(self):
-        for key in ("src", "tgt", "test_split"):
-            if not getattr(self, key).strip():
-                raise ValueError(f"data.{key}: an empty string; give a name (e.g. data.src=de).")
-        if self.src == self.tgt:
-            raise ValueError(f"data.tgt: {self.tgt!r} is also data.src; source and target languages must differ.")
-        if self.dir and self.hf_dataset:
-            raise ValueError("data.hf_dataset: set either data.dir or data.hf_dataset, not both.")
-        check_int("data.train_limit", self.train_limit, 0)
-        check_int("data.vocab_size", self.vocab_size, 300)  # byte-level BPE: 256 bytes + 3 special tokens + merges
-        check_int("data.max_length", self.max_length, 2)
-
-
 @dataclass
 class ModelConfig:
     layers: int = 6  # encoder layers = decoder layers (Michel et al. §6: 6 + 6)
@@ -388,7 +338,8 @@ class Recipe:
             raise ValueError(f"eval.test_steps: step {late_tests[0]} is after the last training step "
                              f"(train.max_steps={self.train.max_steps}); that evaluation would never happen.")
         self._check_reachable("pruning.final_fraction", [p.final_fraction])
-        self._check_reachable("pruning.curve_fractions", p.curve_fractions)
+        if p.curve_epochs or p.curve_steps:  # without a curve point no curve is drawn, whatever its fractions
+            self._check_reachable("pruning.curve_fractions", p.curve_fractions)
         self._check_reachable("pruning.schedule", list(p.schedule.values()))
         self._check_reachable("pruning.schedule_steps", list(p.schedule_steps.values()))
         check_static_limits(self)  # what the run needs of this machine: seed range, attention backend, memory
@@ -466,14 +417,6 @@ class Recipe:
 def original_heads_of(model: ModelConfig) -> int:
     """Heads of a recipe's model before any pruning (Marian: 3 attention kinds × layers × heads)."""
     return len(KINDS) * model.layers * model.heads
-
-
-def _check_header(recipe, kind: str) -> None:
-    if recipe.kind != kind:
-        raise ValueError(f"kind: {recipe.kind!r} does not match this recipe class (kind {kind!r}).")
-    if not isinstance(recipe.name, str) or not _NAME.fullmatch(recipe.name):
-        raise ValueError(f"name: {recipe.name!r} is not allowed; use letters, digits, '.', '_' and '-' (it names "
-                         f"the run directory checkpoints/<name>).")
 
 
 def recipe_from_dict(data: dict):
@@ -580,9 +523,6 @@ def apply_override(data: dict, override: str) -> None:
 def recipe_to_yaml(recipe) -> str:
     return yaml.safe_dump(recipe.to_dict(), sort_keys=False, allow_unicode=True, width=2**31 - 1)  # no folded paths
 
-
-# the l0-sweep kind lives in its own module, which reads this one's checks (imported last: no import cycle)
-from prunetrain.mt.config.recipe_l0 import GateEvalConfig, GateSweepRecipe, GateTrainConfig, SweepConfig  # noqa: E402
 
 RECIPE_KINDS = {"translation": Recipe, "l0-sweep": GateSweepRecipe}
 __all__ = ["DataConfig", "DistillConfig", "EvalConfig", "GateEvalConfig", "GateSweepRecipe", "GateTrainConfig",

@@ -8,7 +8,7 @@ import dataclasses
 import math
 from dataclasses import dataclass, field
 
-from prunetrain.mt.config.recipe import PRECISIONS, DataConfig, _check_header, _check_number
+from prunetrain.mt.config.recipe_common import PRECISIONS, DataConfig, _check_header, _check_number
 from prunetrain.mt.run.run_checks import check_seed
 from prunetrain.utils.validate import check_choice, check_int, check_positive_float
 

@@ -18,6 +18,8 @@ import typing
 
 import yaml
 
+from prunetrain.utils.files import utf8_text
+
 FLOAT_12 = re.compile(r"^[-+]?(\.[0-9]+|[0-9]+(\.[0-9]*)?)([eE][-+]?[0-9]+)?$|^[-+]?\.(inf|Inf|INF)$|^\.(nan|NaN|NAN)$")
 """YAML 1.2 core-schema floats; the YAML 1.1 resolver PyYAML uses reads `1e-3` (no dot) as a string."""
 
@@ -81,11 +83,7 @@ def _reason(err: yaml.YAMLError) -> str:
 
 def load_yaml(text: str | bytes, where: str):
     """The value of a YAML document, read strictly (see the module docstring); ValueError naming `where`."""
-    if isinstance(text, bytes):
-        try:
-            text = text.decode("utf-8")
-        except UnicodeDecodeError as err:
-            raise ValueError(f"{where} is not valid UTF-8 (byte offset {err.start}).") from None
+    text = utf8_text(text, where)
     try:
         return yaml.load(text, Loader=_StrictLoader)  # noqa: S506 — a SafeLoader subclass
     except _Refused as err:

@@ -13,6 +13,7 @@ import json
 from pathlib import Path
 from typing import Callable
 
+
 def load_test_sets(recipe, data_dir: str | None = None) -> dict[str, list]:
     """{split: pairs} of `eval.more_test_splits`, read like the main test split (a missing split is refused in one
     line naming the splits the directory has, before the run directory is touched)."""

@@ -22,7 +22,7 @@ from torch import nn
 
 from prunetrain.utils.device import bf16_is_fast, device_of
 from prunetrain.utils.progress import bar
-from prunetrain.utils.validate import check_bool, check_int, short_repr
+from prunetrain.utils.validate import check_bool, check_int, check_sentences, short_repr
 
 DEFAULT_MAX_LEN_A = 1.5
 DEFAULT_MAX_LEN_B = 10
@@ -76,16 +76,8 @@ def _sorted_batches(tokenizer, encoded: Sequence[Sequence[int]], batch_size: int
 
 
 def _check_sources(sources) -> list[str]:
-    """The sentences to translate as a list of str: a bare string (one text, which would be translated character by
-    character) or a non-string sentence is refused."""
-    if isinstance(sources, (str, bytes)) or not isinstance(sources, Iterable):
-        raise ValueError(f"sources: {short_repr(sources)} is not a list of sentences; pass a list of str (one sentence "
-                         f"per item, e.g. [text] for one).")
-    sources = list(sources)
-    for index, source in enumerate(sources):
-        if not isinstance(source, str):
-            raise ValueError(f"sources: item {index + 1} is {short_repr(source)}, not a str sentence.")
-    return sources
+    """The sentences to translate as a list of str (`prunetrain.utils.validate.check_sentences`)."""
+    return check_sentences("sources", sources)
 
 
 def _check_pairs(pairs) -> list[tuple[str, str]]:
@@ -141,9 +133,9 @@ def translate(model: nn.Module, tokenizer, sources: Sequence[str], *, batch_size
       may differ in the last token of a truncated output). With beam search the batch's largest bound is used.
     - `suppress_pad` (default): the pad token, which Marian uses as decoder start, is never generated (Marian's
       own checkpoints do the same with `bad_words_ids=[[pad]]`).
-    - `autocast_bf16=True` runs under `torch.autocast(dtype=torch.bfloat16)`: about 1.35× faster on a CPU with
-      `avx512_bf16` (measured on a 2-core development CPU), but several times *slower* on an AVX2-only CPU; `"auto"` uses it only where the
-      hardware has native bf16 (`prunetrain.device.bf16_is_fast`: avx512_bf16/AMX CPUs, bf16-capable CUDA).
+    - `autocast_bf16=True` runs under `torch.autocast(dtype=torch.bfloat16)`: about 1.35× faster on an AMD CPU
+      with `avx512_bf16` (2 cores), but several times *slower* on an AVX2-only CPU; `"auto"` uses it only where bf16
+      was measured faster (`prunetrain.utils.device.bf16_is_fast`: AMD CPUs with avx512_bf16, bf16-capable CUDA).
     - The model runs under `torch.inference_mode()` in eval mode; its train/eval mode (and, if `device` moved it,
       its device) is restored afterwards. Extra keyword arguments go to `generate` (e.g. `min_new_tokens`).
     Any attached `HeadMask` hooks stay active, so `with mask.applied(model): translate(...)` scores a masked model.
@@ -362,7 +354,7 @@ def save_translation_model(model: nn.Module, tokenizer, path: str | os.PathLike,
         with staging_directory(path) as staging:
             save_pruned(model, staging / "model")
             tokenizer.save_pretrained(staging / "model")
-            replace_directory(staging / "model", path)
+            replace_directory(staging / "model", path, kind="model")
     return path
 
 
@@ -442,8 +434,8 @@ def evaluate_directory(model_path: str | os.PathLike, data_dir: str | os.PathLik
     files, data files, sentence lengths) before the first sentence is translated.
     """
     from prunetrain.engine.heads import find_heads
-    from prunetrain.mt.text.data import read_parallel
     from prunetrain.engine.model_dir import check_model_dir
+    from prunetrain.mt.text.data import read_parallel
 
     model_path = check_model_dir(model_path)
     pairs = read_parallel(data_dir, split, src, tgt, limit)

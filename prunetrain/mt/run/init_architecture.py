@@ -1,11 +1,12 @@
 """The architecture a translation run starts from: the full model, or — for the baselines that decide whether pruning
 during training pays — a smaller one built before the first step.
 
-- `pruning.init_layout`: the per-site heads a pruned model ended with (its `prunetrain_layout.json`), freshly
-  initialised — the same architecture trained from scratch (Liu et al. 2019, "Rethinking the value of network
-  pruning"; Voita et al. 2019, Table 2). The fresh full model is built with the run's seed and shrunk to that
-  layout: a kept head's weights are drawn exactly as a full model's are (the initialiser does not depend on the
-  number of heads), so this is a from-scratch initialisation of the small architecture.
+- `pruning.init_layout`: the per-site heads (and FFN neurons, where it pruned them) a pruned model ended with (its
+  `prunetrain_layout.json`), freshly initialised — the same architecture trained from scratch (Liu et al. 2019,
+  "Rethinking the value of network pruning"; Voita et al. 2019, Table 2). The fresh full model is built with the
+  run's seed and shrunk to that layout: a kept unit's weights are drawn exactly as a full model's are (the
+  initialiser does not depend on the number of heads or neurons), so this is a from-scratch initialisation of the
+  small architecture.
 - `pruning.init_heads`: that many heads kept at random at initialisation (seeded by `train.seed`, every site keeping
   `pruning.min_heads_per_layer`): does *which* per-site distribution the pruned run found matter?
 """
@@ -73,7 +74,9 @@ def apply_initial_architecture(recipe, model) -> dict | None:
         origin = f"random (seed {recipe.train.seed})"
     else:
         return None
-    return {"from": origin, "heads": after.total_heads, "per_kind": after.heads_per_kind(),
+    neurons = {"neurons": after.total_neurons, "neurons_per_kind": after.neurons_per_kind()} \
+        if "neurons" in after.units else {}
+    return {"from": origin, "heads": after.total_heads, **neurons, "per_kind": after.heads_per_kind(),
             "per_site": {site.name: list(site.heads) for site in after}}
 
 

@@ -207,10 +207,10 @@ def start_sweep(recipe: GateSweepRecipe, out_dir: Path, *, data_dir: str | None,
     """Check the source model and the data before the output directory is touched, prepare it, then load what the
     runs share and score the source model on the validation sentences (one progress line)."""
     from prunetrain.engine.model_dir import check_model_dir
-    from prunetrain.mt.text import data as D
+    from prunetrain.mt.evaluation.translation import evaluate_bleu, load_model_tokenizer, load_translation_model
     from prunetrain.mt.run.run_record import data_record, recipe_inputs, with_data_dir
     from prunetrain.mt.run.runner import load_pairs
-    from prunetrain.mt.evaluation.translation import evaluate_bleu, load_model_tokenizer, load_translation_model
+    from prunetrain.mt.text import data as D
     from prunetrain.utils.device import use_bf16
 
     recipe = with_data_dir(recipe, data_dir)  # --data-dir is data.dir: recipe.yaml names what is read
@@ -289,10 +289,10 @@ def _log_run(tb: TensorBoardLog, record: dict) -> None:
 def importance_baseline(model: nn.Module, tokenizer, train_set, valid_pairs, encoder_counts, recipe, bf16) -> list:
     """Michel et al.'s alternative at the same encoder head counts: remove the encoder heads of lowest importance
     I_h = E|∂L/∂ξ_h| from the source model (no fine-tuning) and score it."""
-    from prunetrain.mt.text import data as D
     from prunetrain.methods.importance import head_importance
     from prunetrain.methods.selection import select_heads
     from prunetrain.mt.evaluation.translation import evaluate_bleu
+    from prunetrain.mt.text import data as D
 
     size = recipe.train.batch_size
     batches = D.collate_batches(train_set, D.make_collator(tokenizer, model), size, limit=8 * size)
@@ -315,7 +315,6 @@ def scratch_run(recipe: GateSweepRecipe, runs: list, model_dir: Path, tokenizer,
     from transformers import AutoConfig, MarianMTModel
 
     from prunetrain.engine.persist import shrink_to_layout
-    from prunetrain.mt.text import data as D
     from prunetrain.mt.evaluation.translation import evaluate_bleu
 
     sweep = recipe.sweep

@@ -31,8 +31,9 @@ TOKENIZER_RECORD = "tokenizer_record.json"
 # the initial architecture
 # ---------------------------------------------------------------------------------------------------------------------
 def check_initial_architecture(recipe) -> None:
-    """Refuse what `apply_initial_architecture` would refuse, on a model of the recipe's layers and heads one unit
-    wide (site names and head counts do not depend on the widths); nothing without `init_layout`/`init_heads`.
+    """Refuse what `apply_initial_architecture` would refuse, on a model of the recipe's layers, heads and FFN width
+    whose heads are one unit wide (site names and head counts do not depend on the head width; a layout that names FFN
+    neurons needs the FFN's); nothing without `init_layout`/`init_heads`.
     A starting model (`model.init_from`) and a given teacher (`distill.teacher`) must be trained model directories
     with one tokenizer (their configs are checked once the run has its tokenizer: `runner.check_trained_models`)."""
     if getattr(recipe, "kind", "") != "translation":
@@ -47,12 +48,12 @@ def check_initial_architecture(recipe) -> None:
     import torch
     from transformers import MarianMTModel
 
-    from prunetrain.mt.text.data import marian_config
     from prunetrain.mt.run.init_architecture import apply_initial_architecture
+    from prunetrain.mt.text.data import marian_config
 
     rng = torch.get_rng_state()
     try:
-        narrow = MarianMTModel(marian_config(300, d_model=m.heads, ffn_dim=1, layers=m.layers, heads=m.heads,
+        narrow = MarianMTModel(marian_config(300, d_model=m.heads, ffn_dim=m.ffn_dim, layers=m.layers, heads=m.heads,
                                              max_position_embeddings=8, attn_implementation="eager"))
         apply_initial_architecture(recipe, narrow)
     finally:
@@ -100,8 +101,8 @@ def step_flops_floor(recipe, model, tokenizer, train_pairs) -> tuple[int, int, i
     """(a full batch's, the short last batch's, a single row's) training-step FLOPs, each a lower bound for any step
     of `model`'s size: the step polynomial at the shortest padded lengths such a batch can have."""
     from prunetrain.bench.step_flops import BatchShape, StepFlopModel
-    from prunetrain.mt.text.data import build_dataset, make_collator
     from prunetrain.mt.run.ranks import launched_world_size
+    from prunetrain.mt.text.data import build_dataset, make_collator
 
     data = build_dataset(train_pairs, tokenizer, max_length=recipe.data.max_length)
     sources = [len(ids) for ids in data.input_ids]
@@ -135,7 +136,7 @@ def check_flop_budget(recipe, tokenizer, train_pairs) -> None:
 
     rng = torch.get_rng_state()
     try:
-        from prunetrain.mt.run.runner import build_model
+        from prunetrain.mt.run.inputs import build_model
 
         model = build_model(recipe, tokenizer)
         apply_initial_architecture(recipe, model)

@@ -1,30 +1,46 @@
 """Run directories of the recipes: what makes a directory a run, when a run is finished, and when it may be reused.
 
-A run directory holds `recipe.yaml` (`RUN_MARKER`, written when the run starts) and, once every result is written,
-`run_complete.json` (`COMPLETE_MARKER`, written last). So a failed or interrupted run never blocks the next one:
+A run directory holds prunetrain's marker (`.prunetrain-output.json`, kind "recipe-run": what makes it a run
+prunetrain may replace, `prunetrain.utils.output_paths`), `recipe.yaml` (`RUN_MARKER`, written when the run starts)
+and, once every result is written, `run_complete.json` (`COMPLETE_MARKER`, written last). So a failed or
+interrupted run never blocks the next one, and nothing finished is lost:
 
 - a *finished* run (complete marker) is kept unless `--overwrite`; `--resume` refuses it (there is nothing to
   resume, and its results stay as they were written);
 - an *unfinished* run with nothing to resume (no `checkpoint-*`, no finished sweep run) is replaced by a re-run;
 - an unfinished run with checkpoints is kept for `--resume` (or replaced with `--overwrite`);
+- `--overwrite` replaces a run only once the new one is complete: everything the run reads is checked first (the
+  recipe, the data, the starting model's and the teacher's weights loaded and finite: `prunetrain.mt.run.runner`),
+  then the old run is moved whole beside the directory (`.NAME.previous-*`) and the new run written in its place;
+  the old one is deleted when the new one writes `run_complete.json` (`mark_complete`) and put back when the new
+  one ends without finishing (`replaced_run_kept`: an error, a refusal, SIGINT). After a SIGKILL (or a SIGTERM,
+  which ends a run at once) the next run on that directory puts it back, or deletes it if the new run had finished
+  (`prepare_output_dir`): an `--overwrite` run that never finished never costs the run it was to replace (a
+  `--resume` then finds the old run, not the unfinished new one);
 - `--resume` refuses a recipe that differs from the stored `recipe.yaml` (naming the keys; keys added to recipes
   since the run started count with their defaults, and the time-cap guard `train.max_minutes` may change: a slower
   machine may need a longer one) and data that differ from the stored `data_record.json`
-  (`prunetrain.mt.run.run_record`), and never rewrites either;
-- a directory that holds other files (no `recipe.yaml`) is never deleted, not even with `--overwrite`, and the run
-  directory is never one of the run's inputs, inside one or holding one (`prunetrain.utils.output_paths`);
-- replacing a run removes the old directory so that it is whole or gone at any signal.
+  (`prunetrain.mt.run.run_record`), and never rewrites either; it continues a run of a prunetrain from before
+  markers (and marks it: its stored recipe is this one);
+- a directory without the marker is never deleted, not even with `--overwrite` (a user's directory holding a
+  `recipe.yaml` included), and the run directory is never one of the run's inputs, inside one or holding one
+  (`prunetrain.utils.output_paths`);
+- replacing an unfinished run removes the old directory so that it is whole or gone at any signal.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 import time
 from pathlib import Path
 from typing import Callable, Mapping
 
 RUN_MARKER = "recipe.yaml"
 COMPLETE_MARKER = "run_complete.json"
+RUN_KIND = "recipe-run"  # the kind of prunetrain.utils.output_paths' marker a run directory carries
+_kept_aside: dict[str, Path] = {}  # run directory (resolved) -> the run --overwrite replaces, kept until complete
 
 
 def is_complete(out_dir: str | Path) -> bool:
@@ -100,7 +116,8 @@ def prepare_output_dir(out_dir: str | Path, recipe, *, resume: bool, overwrite: 
     """
     from prunetrain.mt.config.recipe import recipe_to_yaml
     from prunetrain.mt.run.run_record import check_data_record, write_data_record
-    from prunetrain.utils.output_paths import check_disjoint, remove_directory, write_file
+    from prunetrain.utils.output_paths import (MARKER_FILE, check_disjoint, read_marker, recover_set_aside,
+                                               remove_directory, replace_refusal, set_aside, write_file, write_marker)
 
     out_dir = Path(out_dir)
     if resume and overwrite:
@@ -108,6 +125,9 @@ def prepare_output_dir(out_dir: str | Path, recipe, *, resume: bool, overwrite: 
     check_disjoint(out_dir, inputs or {}, flag="--output")
     if out_dir.exists() and not out_dir.is_dir():
         raise ValueError(f"--output: {str(out_dir)!r} is a file, not a run directory.")
+    notice = recover_set_aside(out_dir, complete=is_complete(out_dir))  # a replacement killed before it finished
+    if notice:
+        progress(notice)
     holds_files = out_dir.is_dir() and any(out_dir.iterdir())
     holds_run = (out_dir / RUN_MARKER).is_file()
     if resume:
@@ -115,10 +135,18 @@ def prepare_output_dir(out_dir: str | Path, recipe, *, resume: bool, overwrite: 
         warning = check_data_record(out_dir, data) if data is not None else None
         if warning:
             progress(warning)
+        if read_marker(out_dir) is None:  # a run from before markers, its stored recipe this one: marked now
+            write_marker(out_dir, RUN_KIND, list_entries=False)
         return  # recipe.yaml and data_record.json are the run's record: never rewritten
-    if holds_files and not holds_run:
-        raise ValueError(f"--output: {str(out_dir)!r} is not empty and holds no prunetrain run (no {RUN_MARKER}); "
-                         f"choose another --output (--overwrite replaces only run directories prunetrain wrote).")
+    if holds_files and read_marker(out_dir) is None:
+        raise ValueError(f"--output: {str(out_dir)!r} is not empty and holds no prunetrain run (no {MARKER_FILE}: "
+                         f"prunetrain did not write it, or a version from before run directories were marked did); "
+                         f"choose another --output, or remove it yourself if it is yours to delete (--overwrite "
+                         f"replaces only run directories prunetrain marked).")
+    if holds_files:
+        refusal = replace_refusal(out_dir, (RUN_KIND,))
+        if refusal is not None:
+            raise ValueError(refusal)
     if holds_files and not overwrite:
         if is_complete(out_dir):
             raise ValueError(f"--output: {str(out_dir)!r} already holds a finished run; pass --overwrite to replace "
@@ -128,12 +156,36 @@ def prepare_output_dir(out_dir: str | Path, recipe, *, resume: bool, overwrite: 
             raise ValueError(f"--output: {str(out_dir)!r} holds an unfinished run with {parts[-1].relative_to(out_dir)}"
                              f"; pass --resume to continue it or --overwrite to replace it.")
         progress(f"output: {out_dir} holds an unfinished run with nothing to resume; replacing it")
-    if holds_files:
         remove_directory(out_dir)  # whole or gone at any signal
+    elif holds_files:  # --overwrite: the old run kept whole beside it until the new one is complete
+        aside = set_aside(out_dir)
+        _kept_aside[_key(out_dir)] = aside
+        progress(f"output: the run in {out_dir} is kept whole in {aside / 'old'} until the new run is complete")
     out_dir.mkdir(parents=True, exist_ok=True)
+    write_marker(out_dir, RUN_KIND, list_entries=False)  # what makes it a run prunetrain may replace
     write_file(out_dir / RUN_MARKER, recipe_to_yaml(recipe))
     if data is not None:
         write_data_record(out_dir, data)
+
+
+def _key(out_dir: str | Path) -> str:
+    return os.path.realpath(os.path.abspath(out_dir))
+
+
+@contextlib.contextmanager
+def replaced_run_kept(out_dir: str | Path, progress: Callable[[str], None] = print):
+    """Around a whole run (rank 0, holding the run directory's lock): the run an `--overwrite` set aside is put back
+    when the new run ends without `mark_complete` (an error, a refusal, SIGINT), the unfinished new one removed."""
+    from prunetrain.utils.output_paths import put_back
+
+    key = _key(out_dir)
+    try:
+        yield
+    finally:
+        aside = _kept_aside.pop(key, None)
+        if aside is not None:  # mark_complete did not drop it: the new run did not finish
+            put_back(aside, out_dir)
+            progress(f"output: the new run did not finish; the run it was to replace is back in {out_dir}")
 
 
 def _check_resume(out_dir: Path, recipe, holds_run: bool) -> None:
@@ -153,9 +205,14 @@ def _check_resume(out_dir: Path, recipe, holds_run: bool) -> None:
 
 
 def mark_complete(out_dir: str | Path, summary: dict | None = None) -> Path:
-    """Write `COMPLETE_MARKER` (last, after every result): the run in `out_dir` is finished."""
-    from prunetrain.utils.output_paths import write_file
+    """Write `COMPLETE_MARKER` (last, after every result): the run in `out_dir` is finished; the run it replaces
+    (`--overwrite`), kept until now, is deleted."""
+    from prunetrain.utils.output_paths import drop_set_aside, write_file
 
-    return write_file(Path(out_dir) / COMPLETE_MARKER,
-                      json.dumps({"finished_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-                                  **(summary or {})}, indent=1))
+    written = write_file(Path(out_dir) / COMPLETE_MARKER,
+                         json.dumps({"finished_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+                                     **(summary or {})}, indent=1))
+    aside = _kept_aside.pop(_key(out_dir), None)
+    if aside is not None:
+        drop_set_aside(aside, out_dir)
+    return written

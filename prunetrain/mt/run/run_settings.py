@@ -9,12 +9,12 @@ import json
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable
 
-from prunetrain.mt.run import ranks
 from prunetrain.mt.config.recipe import MEASURED_ATTENTIONS, Recipe
+from prunetrain.mt.run import ranks
 from prunetrain.utils.device import use_bf16
 
 if TYPE_CHECKING:
-    from prunetrain.mt.run.runner import RunInputs
+    from prunetrain.mt.run.inputs import RunInputs
 
 PRECISION_RECORD = "precision_record.json"
 SETTINGS_IN_CHECKPOINT = "prunetrain_run_settings.json"

@@ -14,83 +14,31 @@ import contextlib
 import copy
 import json
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-import torch
-
 from prunetrain.engine.heads import find_heads, find_neurons, recorded_units
-from prunetrain.mt.run import ranks
-from prunetrain.mt.text.data import load_tokenizer
-from prunetrain.mt.run.init_architecture import apply_initial_architecture
-from prunetrain.mt.run.preflight import check_flop_budget, check_initial_architecture, check_tokenizer_record, \
-    merged_flop_points
 from prunetrain.mt.config.recipe import Recipe, original_heads_of
-from prunetrain.mt.run.run_settings import measured_settings, measures_settings, settings_record
-from prunetrain.mt.evaluation.eval_sets import load_test_sets, points_metric, score_final_sets, strip_translations, \
-    write_final_translations, write_test_translations
+from prunetrain.mt.evaluation.eval_sets import (load_test_sets, points_metric, score_final_sets, strip_translations,
+                                                write_final_translations, write_test_translations)
+from prunetrain.mt.run import ranks
+from prunetrain.mt.run.init_architecture import apply_initial_architecture
+from prunetrain.mt.run.inputs import RunInputs, build_model, load_pairs, prepare_inputs  # noqa: F401 (the runner's steps)
+from prunetrain.mt.run.preflight import (check_flop_budget, check_initial_architecture, check_tokenizer_record,
+                                         merged_flop_points)
 from prunetrain.mt.run.report import write_report
 from prunetrain.mt.run.run_checks import check_points_reachable
-from prunetrain.mt.run.run_dir import mark_complete, prepare_output_dir
+from prunetrain.mt.run.run_dir import mark_complete, prepare_output_dir, replaced_run_kept
 from prunetrain.mt.run.run_record import data_record, recipe_inputs, with_data_dir
-from prunetrain.mt.run.starting import check_trained_models, distillation_callback, distillation_record, \
-    distilled_loss, load_starting_model, run_tokenizer_dir
+from prunetrain.mt.run.run_settings import measured_settings, measures_settings, settings_record
+from prunetrain.mt.run.starting import (check_trained_models, distillation_callback, distillation_record,
+                                        distilled_loss, load_starting_model, run_tokenizer_dir)
 from prunetrain.mt.run.training_setup import finite_guard, train_seq2seq, training_args
+from prunetrain.mt.text.data import load_tokenizer
 from prunetrain.training.time_cap import TimeCapCallback
-from prunetrain.utils.device import use_bf16
 from prunetrain.utils.files import read_json
 from prunetrain.utils.output_paths import output_lock
-
-
-def load_pairs(recipe, data_dir: str | None):
-    """(train, valid, test) pairs from the recipe's data source (`data.dir`, `--data-dir` or `data.hf_dataset`).
-
-    Args:
-        recipe: a translation or l0-sweep recipe (its `data` section is read).
-        data_dir: a directory instead of `data.dir` (the runners record it in the recipe first, with
-            `prunetrain.mt.run.run_record.with_data_dir`, and pass None).
-    """
-    from prunetrain.mt.text import data as D
-
-    cfg = recipe.data
-    if cfg.hf_dataset:
-        train = D.load_hf_parallel(cfg.hf_dataset, split="train", src=cfg.src, tgt=cfg.tgt)
-        valid = D.load_hf_parallel(cfg.hf_dataset, split="validation", src=cfg.src, tgt=cfg.tgt)
-        test = D.load_hf_parallel(cfg.hf_dataset, split=cfg.test_split, src=cfg.src, tgt=cfg.tgt)
-    else:
-        from prunetrain.mt.text.corpus import multi30k_dir  # shared copy, $PRUNETRAIN_DATA, else fetched into the cache
-
-        directory = Path(data_dir or cfg.dir or multi30k_dir())
-        if not directory.is_dir():
-            raise ValueError(f"data: {str(directory)!r} is not a directory; give --data-dir with "
-                             f"train|valid|test.{{{cfg.src},{cfg.tgt}}} files.")
-        limit = cfg.train_limit or None
-        train = D.read_parallel(directory, "train", cfg.src, cfg.tgt, limit=limit)
-        valid = D.read_parallel(directory, "valid", cfg.src, cfg.tgt)
-        test = D.read_parallel(directory, cfg.test_split, cfg.src, cfg.tgt)
-    return train, valid, test
-
-
-@dataclass
-class RunInputs:
-    """What the training and the final evaluation share: tokenizer, datasets and fixed batches."""
-
-    tokenizer: object
-    train_set: object
-    importance_batches: list
-    curve_pairs: list
-    test_pairs: list
-    bf16: bool
-    precision: dict | None = None  # how the precision was chosen (train.precision=measure: the timings)
-    valid_pairs: list | None = None  # scored wherever the test split is (eval.valid); None: not scored
-    more_test_pairs: dict = field(default_factory=dict)  # {split: pairs} the final model is also scored on
-    test_split: str = "test"
-
-    def final_sets(self) -> dict[str, list]:
-        """{split: pairs} the final model is scored on: validation (when scored), the main test split, the others."""
-        sets = {"valid": self.valid_pairs} if self.valid_pairs is not None else {}
-        return {**sets, self.test_split: self.test_pairs, **self.more_test_pairs}
 
 
 def save_run_tokenizer(tokenizer, out_dir: Path) -> None:
@@ -100,37 +48,6 @@ def save_run_tokenizer(tokenizer, out_dir: Path) -> None:
 
     tokenizer.save_pretrained(out_dir / "tokenizer")
     write_tokenizer_record(out_dir)
-
-
-def prepare_inputs(recipe: Recipe, tokenizer, model, pairs) -> RunInputs:
-    """Tokenize the data and collate the fixed importance batches (decoder inputs built as the model does)."""
-    from prunetrain.mt.text import data as D
-
-    train_pairs, valid_pairs, test_pairs, more_tests = pairs
-    p, ev, max_length = recipe.pruning, recipe.eval, recipe.data.max_length
-    importance_set = D.build_dataset(train_pairs[: p.importance_batches * p.importance_batch_size], tokenizer,
-                                     max_length=max_length)
-    importance_batches = D.collate_batches(importance_set, D.make_collator(tokenizer, model), p.importance_batch_size)
-    first = lambda pairs, limit: pairs[:limit] if limit else pairs  # noqa: E731
-    return RunInputs(tokenizer=tokenizer, train_set=D.build_dataset(train_pairs, tokenizer, max_length=max_length),
-                     importance_batches=importance_batches, curve_pairs=valid_pairs[: p.curve_sentences],
-                     test_pairs=first(test_pairs, ev.test_limit),
-                     bf16=recipe.train.precision != "measure" and use_bf16(recipe.train.precision),
-                     valid_pairs=first(valid_pairs, ev.valid_limit) if ev.valid else None,
-                     more_test_pairs={name: first(pairs, ev.test_limit) for name, pairs in more_tests.items()},
-                     test_split=recipe.data.test_split)
-
-
-def build_model(recipe: Recipe, tokenizer):
-    """A fresh `MarianMTModel` of the recipe's size (seeded by `train.seed`)."""
-    from transformers import MarianMTModel
-
-    from prunetrain.mt.text.data import marian_config
-
-    m = recipe.model
-    torch.manual_seed(recipe.train.seed)
-    return MarianMTModel(marian_config(tokenizer, d_model=m.d_model, ffn_dim=m.ffn_dim, layers=m.layers,
-                                       heads=m.heads, dropout=m.dropout, attn_implementation=m.built_attention))
 
 
 def beyond_epochs(recipe: Recipe) -> dict[str, list[float]]:
@@ -150,8 +67,8 @@ def make_callbacks(recipe: Recipe, inputs: RunInputs, model_config=None) -> tupl
     (and scheduled pruning, or Hard-Concrete gates with `pruning.method: l0`) and pruned-BLEU curves at their
     points, and the time cap (a guard). Returns (callbacks, time cap, clock)."""
     from prunetrain.mt.evaluation.metrics import bleu_metric
-    from prunetrain.training.callbacks import HardConcreteCallback, HeadPruningCallback, PruningCurveCallback, \
-        budget_cooldown
+    from prunetrain.training.callbacks import (HardConcreteCallback, HeadPruningCallback, PruningCurveCallback,
+                                               budget_cooldown)
     from prunetrain.training.metric_points import MetricPointsCallback
     from prunetrain.training.options import CurveSweep, GateTraining, Heads, Importance, Schedule
     from prunetrain.training.training_clock import TrainTime
@@ -317,8 +234,8 @@ def benchmark_ctranslate2(recipe: Recipe, tokenizer, pruned, sources: list[str],
     if missing:
         progress(f"no CTranslate2 row in the benchmark: {missing}")
         return None
-    from prunetrain.mt.evaluation.ctranslate2_speed import ctranslate2_speed
     from prunetrain.export.padded import padded_model
+    from prunetrain.mt.evaluation.ctranslate2_speed import ctranslate2_speed
 
     ev = recipe.eval
     full = padded_model(pruned).float()  # the full-size architecture with the final model's weights, removed heads
@@ -360,6 +277,7 @@ def run_recipe(recipe: Recipe, out_dir: str | Path, *, data_dir: str | None = No
     progress = progress if ranks.is_main() else (lambda message: None)
     with contextlib.ExitStack() as held:  # rank 0 holds the run directory's lock until the run has ended
         ranks.on_main(lambda: held.enter_context(output_lock(out_dir)))
+        ranks.on_main(lambda: held.enter_context(replaced_run_kept(out_dir, progress)))  # --overwrite: old run kept
         return _run_locked(recipe, out_dir, resume=resume, overwrite=overwrite, progress=progress, started=started)
 
 

@@ -46,11 +46,26 @@ def _model_dir(path: str, key: str) -> Path:
     source = Path(path)
     for candidate in (source / "full", source):
         if (candidate / "config.json").is_file():
+            if candidate != source:
+                _check_finished_run(source, key)
             return check_model_dir(candidate, key)
     pruned = " (it has pruned/ only: start from a run with pruning off)" if (source / "pruned").is_dir() else ""
     raise ValueError(f"{key}: {path!r} holds no trained full model (no full/config.json or config.json){pruned}; "
                      f"train one first (`prunetrain recipe wmt-small-deen --set 'pruning.schedule_steps={{}}' --set "
                      f"'pruning.shrink_steps=[]' --output checkpoints/wmt-small-deen-full`).")
+
+
+def _check_finished_run(source: Path, key: str) -> None:
+    """A run directory named by a recipe key must hold a finished run: the `full/` of an unfinished one may be
+    left from before it was interrupted (a resumed run writes it again), or not be the run's final model."""
+    from prunetrain.mt.run.run_dir import COMPLETE_MARKER, RUN_KIND, RUN_MARKER, is_complete
+    from prunetrain.utils.output_paths import read_marker
+
+    marker = read_marker(source)
+    is_run = (marker is not None and marker["kind"] == RUN_KIND) or (source / RUN_MARKER).is_file()
+    if is_run and not is_complete(source):
+        raise ValueError(f"{key}: {str(source)!r} is an unfinished run (no {COMPLETE_MARKER}); finish it with "
+                         f"--resume, or give a finished run or a saved model directory.")
 
 
 def starting_model_dir(recipe) -> Path | None:
@@ -150,7 +165,8 @@ def distillation_callback(recipe, built_config):
 
 def check_trained_models(recipe, tokenizer) -> None:
     """The starting model (`model.init_from`) and a given teacher (`distill.teacher`) against the model the recipe
-    builds with this tokenizer, before the run directory is touched (`prunetrain.mt.run.starting`)."""
+    builds with this tokenizer, and loaded (weights complete and finite: `check_loads`), before the run directory is
+    touched (`prunetrain.mt.run.starting`)."""
     from prunetrain.mt.text.data import marian_config
 
     m = recipe.model
@@ -160,6 +176,16 @@ def check_trained_models(recipe, tokenizer) -> None:
                                                                            teacher_model_dir(recipe))):
         if model_dir is not None:
             check_fits_recipe(recipe, model_dir, key, config, full=key == "model.init_from")
+            check_loads(model_dir, key)
+
+
+def check_loads(model_dir: Path, key: str) -> None:
+    """Load the model `key` names as the run will, and drop it: every tensor present, of its dtype and finite
+    (`prunetrain.engine.model_dir.load_model_dir`), before the run directory is touched (a run `--overwrite` would
+    replace stays in place when the weights are damaged)."""
+    from prunetrain.engine.model_dir import load_model_dir
+
+    load_model_dir(model_dir, argument=key)
 
 
 def distillation_record(recipe, out_dir: Path) -> dict:

@@ -39,7 +39,7 @@ def default_data_dir() -> Path:
     env = os.environ.get(DATA_ENV)
     if env:
         return Path(env).expanduser()
-    return Path(__file__).resolve().parents[2].parent / "shared" / "data"  # prunetrain/mt/text/data.py -> <repo>/..
+    return Path(__file__).resolve().parents[3].parent / "shared" / "data"  # prunetrain/mt/text/data.py -> <repo>/..
 
 
 def available_splits(directory: str | os.PathLike, src: str = "de", tgt: str = "en") -> list[str]:
