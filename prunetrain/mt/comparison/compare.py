@@ -284,26 +284,25 @@ def _num(value, digits: int = 1) -> str:
     return "" if value is None else f"{value:.{digits}f}"
 
 
-def check_distinct_runs(run_dirs: list[str | Path]) -> None:
+def check_distinct_runs(run_dirs: list[str | Path], loaded: list[dict]) -> None:
     """Each run compared once: paths are resolved first (a symlink or `a/../a` names the run it points to), and two
-    directories whose `results.json` are byte-identical (a copy) are one run as well."""
+    directories whose `results.json` hold the same results (`loaded`, as `load_run` read them: a copy) are one run
+    as well."""
     seen: dict[Path, int] = {}
-    contents: dict[bytes, int] = {}
-    for index, run in enumerate(run_dirs):
+    contents: dict[str, int] = {}
+    for index, (run, results) in enumerate(zip(run_dirs, loaded)):
         resolved = Path(run).resolve()
         if resolved in seen:
             first = run_dirs[seen[resolved]]
             raise ValueError(f"runs: {str(run)!r} is the same directory as {str(first)!r} (both resolve to "
                              f"{str(resolved)!r}); give each run once.")
         seen[resolved] = index
-        results = resolved / "results.json"
-        data = results.read_bytes() if results.is_file() else None
-        if data is not None and data in contents:
-            first = run_dirs[contents[data]]
+        key = json.dumps(results, sort_keys=True, default=str)
+        if key in contents:
+            first = run_dirs[contents[key]]
             raise ValueError(f"runs: {str(run)!r} holds the same results.json as {str(first)!r} (a copy of one "
                              f"run); give each run once.")
-        if data is not None:
-            contents[data] = index
+        contents[key] = index
 
 
 def write_comparison(run_dirs: list[str | Path], output: str | Path, names: list[str] | None = None, *,
@@ -345,7 +344,7 @@ def write_comparison(run_dirs: list[str | Path], output: str | Path, names: list
             raise ValueError(f"names: {name!r} holds a line break or control character; a run's name is one line "
                              f"of the tables (give --names, or names=, for runs whose directories have such names).")
     loaded = [load_run(d) for d in run_dirs]
-    check_distinct_runs(run_dirs)
+    check_distinct_runs(run_dirs, loaded)
     output = Path(output)
     if output.exists() and (not output.is_dir() or any(output.iterdir())):
         raise ValueError(f"output: {str(output)!r} already exists and is not empty; choose a new directory.")

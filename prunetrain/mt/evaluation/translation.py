@@ -134,8 +134,8 @@ def translate(model: nn.Module, tokenizer, sources: Sequence[str], *, batch_size
     - `suppress_pad` (default): the pad token, which Marian uses as decoder start, is never generated (Marian's
       own checkpoints do the same with `bad_words_ids=[[pad]]`).
     - `autocast_bf16=True` runs under `torch.autocast(dtype=torch.bfloat16)`: about 1.35× faster on an AMD CPU
-      with `avx512_bf16` (2 cores), but several times *slower* on an AVX2-only CPU; `"auto"` uses it only where bf16
-      was measured faster (`prunetrain.utils.device.bf16_is_fast`: AMD CPUs with avx512_bf16, bf16-capable CUDA).
+      with `avx512_bf16` (2 cores), but several times *slower* on an AVX2-only CPU; `"auto"` uses it only where the
+      hardware has native bf16 (`prunetrain.utils.device.bf16_is_fast`: avx512_bf16/AMX CPUs, bf16-capable CUDA).
     - The model runs under `torch.inference_mode()` in eval mode; its train/eval mode (and, if `device` moved it,
       its device) is restored afterwards. Extra keyword arguments go to `generate` (e.g. `min_new_tokens`).
     Any attached `HeadMask` hooks stay active, so `with mask.applied(model): translate(...)` scores a masked model.
