@@ -12,7 +12,8 @@
 # run_arm skips a run kept already, keeps one that finished but was not kept, resumes (RESUME=1) one that holds a
 # checkpoint, starts one that stopped before its first checkpoint again (the recipe replaces it), and exits (0) before
 # starting a run when checkpoints/STUDY/STOP is there (the file is removed when seen). MAX_MINUTES (default 150) is
-# every run's wall-time guard.
+# every run's wall-time guard. A study's runs are timed, so they share one machine: run_arm refuses (exit 2) to start
+# a run on another machine than the kept runs' (`results.json` `machine`: CPU model, cores, native bf16/AMX, GPU).
 study=$1
 kept=recipes/results/wmt-small-deen-$study
 stop=checkpoints/$study/STOP
@@ -29,6 +30,7 @@ run_arm() {
     echo "$study: stopped before $name-s$seed ($stop was there)"
     exit 0
   fi
+  same_machine
   local out=checkpoints/$study/$name-s$seed
   if [ -f "$out/run_complete.json" ]; then  # finished, but not kept
     bash scripts/keep_run.sh "$out" "$kept/$name-s$seed"
@@ -38,6 +40,20 @@ run_arm() {
   compgen -G "$out/checkpoint-*" > /dev/null && resume=1
   echo "$study: $name-s$seed (resume=$resume) from $(date -u +%FT%TZ)"
   env "$@" STUDY="$study" MAX_MINUTES="${MAX_MINUTES:-150}" RESUME=$resume bash scripts/payoff_study.sh "$arm" "$seed"
+}
+
+same_machine() {
+  .venv/bin/python - "$kept" <<'PY' || exit 2
+import json, sys
+from pathlib import Path
+from prunetrain.bench.environment import machine
+here = machine()
+for results in sorted(Path(sys.argv[1]).glob("*/results.json")):
+    there = json.loads(results.read_text()).get("machine")
+    if there is not None and there != here:
+        sys.exit(f"{results.parent} ran on {there}, this machine is {here}: a study's timed runs share one machine; "
+                 f"finish it on that machine or move {sys.argv[1]} aside to start it again here.")
+PY
 }
 
 compare_arms() {

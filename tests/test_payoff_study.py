@@ -185,6 +185,7 @@ def _study_script(tmp_path, script="payoff_study.sh", study="wmt-small-deen-stud
     import os
     import shutil
     import subprocess
+    import sys
     from pathlib import Path
 
     root = tmp_path / "tree"
@@ -197,6 +198,9 @@ def _study_script(tmp_path, script="payoff_study.sh", study="wmt-small-deen-stud
                     'out=${@: -2:1}\nmkdir -p "$out/pruned"\nfor f in results.json report.md test_translations.json '
                     'run_complete.json pruned/prunetrain_layout.json; do echo {} > "$out/$f"; done\n')
     fake.chmod(0o755)
+    python = root / ".venv" / "bin" / "python"  # study_runs.sh checks the machine with it (this environment's Python)
+    python.write_text(f'#!/bin/sh\nexec "{sys.executable}" "$@"\n')
+    python.chmod(0o755)
 
     def run(args, env=None):
         (root / "args.txt").unlink(missing_ok=True)
@@ -453,6 +457,31 @@ def test_compress_study_runs_each_arm_from_the_seeds_full_model(tmp_path):
         assert err.startswith(f"compress_study.sh: {message}"), err
 
 
+def test_a_study_refuses_to_time_a_run_on_another_machine_than_its_kept_runs(tmp_path):
+    """study_runs.sh: the kept runs' `results.json` `machine` must be this machine's (equal wall-clock means one
+    machine); another is refused in one line, exit 2, before anything runs; the same machine goes on."""
+    import json
+    import subprocess
+
+    from prunetrain.bench.environment import machine
+
+    root = tmp_path / "tree"
+    _study_script(tmp_path, "fast_study.sh")
+    (root / ".venv" / "bin" / "prunetrain").write_text(RECORDING_PRUNETRAIN)
+    kept = root / "recipes" / "results" / "wmt-small-deen-fast" / "fast-h36-f50-early-cooldown-time20min-measure-s100"
+    kept.mkdir(parents=True)
+    other = {**machine(), "cpu": "AMD EPYC 9999 (another machine)"}
+    (kept / "results.json").write_text(json.dumps({"machine": other}))
+    done = subprocess.run(["bash", "scripts/fast_study.sh"], cwd=root, capture_output=True, text=True)
+    assert done.returncode == 2 and not (root / "calls.txt").exists(), done.stderr
+    assert "ran on" in done.stderr and "a study's timed runs share one machine" in done.stderr
+    assert done.stderr.strip().count("\n") == 0, done.stderr
+    (kept / "results.json").write_text(json.dumps({"machine": machine()}))
+    done = subprocess.run(["bash", "scripts/fast_study.sh"], cwd=root, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    assert len([c for c in (root / "calls.txt").read_text().splitlines() if c.startswith("recipe ")]) == 5
+
+
 def test_fast_study_runs_the_six_arms_fixed_before_it_and_chooses_on_validation_only(tmp_path):
     """scripts/fast_study.sh (recipes/wmt-small-deen-fast.md): the six fast arms at seed 100, 20 minutes of training
     each with the cooldown, through the fast recipe with each arm's schedule, then `compare --validation-only`."""
@@ -466,11 +495,12 @@ def test_fast_study_runs_the_six_arms_fixed_before_it_and_chooses_on_validation_
     calls = (root / "calls.txt").read_text().splitlines()
     recipes = [c for c in calls if c.startswith("recipe ")]
     arms = ["fast-h36-f50-early", "fast-h36-f75-early", "fast-f50-early", "fast-h36-f50", "fast-h36-f75", "fast-f50"]
-    assert [c.split("--output ")[1] for c in recipes] == [f"checkpoints/fast/{a}-cooldown-time20min-s100" for a in arms]
+    assert [c.split("--output ")[1] for c in recipes] == [
+        f"checkpoints/fast/{a}-cooldown-time20min-measure-s100" for a in arms]
     assert all(c.startswith("recipe wmt-small-deen-fast ") for c in recipes), recipes
     for c in recipes:
         for setting in ("train.seed=100", "train.cooldown=0.2", "train.max_flops=0", "train.max_train_minutes=20",
-                        "eval.print_test=false"):
+                        "eval.print_test=false", "train.precision=measure"):
             assert setting in c, (setting, c)
     early, f75_early, f50_early, default, f75, f50 = recipes
     assert "pruning." not in early.split("train.cooldown")[0]  # the recipe as it is
@@ -481,7 +511,7 @@ def test_fast_study_runs_the_six_arms_fixed_before_it_and_chooses_on_validation_
         assert "pruning.shrink_steps=[300, 500]" in c
     assert "pruning.ffn_schedule_steps={200: 0.25, 300: 0.5, 400: 0.75}" in f75
     assert "pruning.schedule_steps={}" in f50 and "pruning.shrink_steps=[300]" in f50
-    names = [f"{a}-cooldown-time20min" for a in arms]
+    names = [f"{a}-cooldown-time20min-measure" for a in arms]
     assert calls[-1] == ("compare " + " ".join(f"recipes/results/wmt-small-deen-fast/{n}-s100" for n in names)
                          + f" --names {','.join(names)} --validation-only --output checkpoints/fast/selection-s100")
     # every arm's settings are a valid recipe (the schedule checks run on load)

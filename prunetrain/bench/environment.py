@@ -61,4 +61,22 @@ def environment(device: torch.device) -> dict:
     return env
 
 
-__all__ = ["environment", "loadavg", "torch_threads"]
+def machine() -> dict:
+    """The machine a run's timings belong to: CPU model, core count, the CPU's native bf16/AMX instructions and the
+    GPU, if any. Runs compared at equal wall-clock must share it (`prunetrain compare` shows it per arm)."""
+    cpu, flags = None, set()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name") and cpu is None:
+                cpu = line.split(":", 1)[1].strip()
+            elif line.startswith("flags") and not flags:
+                flags = set(line.split(":", 1)[1].split())
+    except OSError:
+        cpu = platform.processor() or None
+    record = {"cpu": cpu, "cpu_count": os.cpu_count(),
+              "cpu_bf16": sorted(flags & {"avx512_bf16", "amx_bf16", "amx_tile"}),
+              "gpu": torch.cuda.get_device_name() if torch.cuda.is_available() else None}
+    return record
+
+
+__all__ = ["environment", "loadavg", "machine", "torch_threads"]

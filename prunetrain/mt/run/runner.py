@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
+from prunetrain.bench.environment import machine
 from prunetrain.engine.heads import find_heads, find_neurons, recorded_units
 from prunetrain.mt.config.recipe import Recipe, original_heads_of
 from prunetrain.mt.evaluation.eval_sets import (load_test_sets, points_metric, score_final_sets, strip_translations,
@@ -454,7 +455,7 @@ def collect_results(recipe: Recipe, out_dir: Path, training: TrainingOutcome, fi
         "bleu_over_training": clock.records + [final_record(final["shrunk"], final_layout.total_heads,
                                                             final_parameters, clock, time_cap,
                                                             final["sets"].get("valid"))],
-        "step_rate": clock.segments, "pruning_events": _read_json(out_dir / "prunetrain" / "pruning_events.json"),
+        "machine": machine(), "step_rate": clock.segments, "pruning_events": _read_json(out_dir / "prunetrain" / "pruning_events.json"),
     }
 
 
