@@ -9,7 +9,9 @@
 # cooldown (`COOLDOWN=0.2 STUDY=proof bash scripts/payoff_study.sh off S`, as scripts/proof_study.sh runs it →
 # checkpoints/proof/off-cooldown-sS); START=DIR names another (the payoff study's: checkpoints/study/off-cooldown-sS).
 # The run directory is checkpoints/compress/ARM-sSEED (git-ignored); what the comparison needs is kept in
-# recipes/results/wmt-small-deen-compress-study/ARM-sSEED (scripts/keep_run.sh). Run one at a time on a quiet machine.
+# recipes/results/wmt-small-deen-compress-study/ARM-sSEED (scripts/keep_run.sh). STUDY=NAME puts them in
+# checkpoints/NAME/ and recipes/results/wmt-small-deen-NAME/ instead (a study of its own: its runs never meet the
+# earlier study's of the same name; scripts/seqkd_study.sh: STUDY=seqkd). Run one at a time on a quiet machine.
 # Each run prints validation only (eval.print_test=false): settings are chosen on validation.
 # Arms:
 #   distill          the recipe as the study ran it: 75 % of the heads pruned by importance in 12.5 % steps
@@ -31,6 +33,25 @@
 #   tune-hidden1               CoFi's per-layer hidden-state matching added, β 1 (0)
 #   tune-prune-by-90           the same 75 % pruned in three steps by step 90 (30, 60, 90; removed at 60 and 90)
 #                              instead of six by step 180, leaving twice the steps to recover
+# Sequence-level distillation arms (issue 65; fixed 2026-11-29 before any of them ran, with the rule in
+# recipes/wmt-small-deen-compress.md "Sequence-level distillation, planned before its runs"): the recipe as it is
+# (learning rate 4e-4, 75 % of the heads, 3.0e13 student FLOPs) with what it trains on changed. The teacher (the
+# starting model) translates the training sources once per seed in CTranslate2, kept in
+# checkpoints/compress/teacher-translations (or the STUDY's; keyed by teacher, tokenizer, beams and sources: every arm of one seed
+# reads the same translations, and a run counts the teacher's seconds and FLOPs all the same):
+#   word             the recipe as it is (= tune-lr4e-4): word-level distillation on the references
+#   seq              the teacher's beam-4 translations instead of the references, no word-level term (α 0)
+#   seq-word         the teacher's translations and the word-level term (α 0.5, T 2): Kim & Rush's Word-KD + Seq-KD
+#   both-word        the references and the teacher's translations (twice the pairs), with the word-level term
+#   seq-greedy       as seq with the teacher's greedy translations (beam 1: a third of beam 4's generation FLOPs)
+#   seq-word-ffn50   seq-word with half of the FFN neurons pruned too (25 % at step 60, 50 % at 120; removed at
+#                    60/120): heads and FFN
+#   scratch-seq      the final architecture of SCRATCH_FROM (default seq-word; the proof names the chosen arm), same
+#                    seed, freshly initialised and trained on the same teacher translations with that arm's
+#                    word-level setting and beams, the main recipe's from-scratch optimiser (as scratch-distill), for
+#                    the recipe's student FLOPs; kept as scratch-seq-of-ARM-sSEED
+# LEARNING_RATE=X (e.g. 2e-4, 8e-4) runs an arm at another learning rate, kept as ARM-lrX-sSEED (the plan's second
+# stage: the chosen arm at 2e-4 and 8e-4).
 # MAX_MINUTES=M sets the wall-time guard train.max_minutes (a slower machine needs more); RESUME=1 continues an
 # interrupted run.
 set -euo pipefail
@@ -41,6 +62,13 @@ start=${START:-checkpoints/proof/off-cooldown-s$seed}
 sets=(--set "model.init_from=$start")
 learning_rate=0.0002  # the study's: see the arms above
 at_once=(--set 'pruning.schedule_steps={30: 0.75}' --set 'pruning.shrink_steps=[30]')
+runs=checkpoints/compress kept=recipes/results/wmt-small-deen-compress-study
+if [ -n "${STUDY:-}" ]; then
+  [[ "$STUDY" =~ ^[a-z0-9][a-z0-9-]*$ ]] || fail "STUDY '$STUDY' is not a study name (lower-case letters, digits, -)"
+  runs=checkpoints/$STUDY kept=recipes/results/wmt-small-deen-$STUDY
+fi
+translations=(--set "distill.translations_dir=$runs/teacher-translations")
+sequence_level=(--set distill.targets=teacher "${translations[@]}")
 case "$arm" in
   distill) ;;
   plain) sets+=(--set distill.alpha=0) ;;
@@ -53,22 +81,52 @@ case "$arm" in
   tune-hidden1) sets+=(--set distill.hidden_weight=1.0) ;;
   tune-prune-by-90) sets+=(--set 'pruning.schedule_steps={30: 0.25, 60: 0.5, 90: 0.75}'
                            --set 'pruning.shrink_steps=[60, 90]' --set 'pruning.curve_steps=[30, 90]') ;;
+  word) learning_rate=0.0004 ;;
+  seq) sets+=("${sequence_level[@]}" --set distill.alpha=0); learning_rate=0.0004 ;;
+  seq-word) sets+=("${sequence_level[@]}"); learning_rate=0.0004 ;;
+  both-word) sets+=(--set distill.targets=both "${translations[@]}"); learning_rate=0.0004 ;;
+  seq-greedy) sets+=("${sequence_level[@]}" --set distill.alpha=0 --set distill.beams=1); learning_rate=0.0004 ;;
+  seq-word-ffn50) sets+=("${sequence_level[@]}" --set 'pruning.ffn_schedule_steps={60: 0.25, 120: 0.5}')
+                  learning_rate=0.0004 ;;
+  scratch-seq) from=${SCRATCH_FROM:-seq-word}
+               case "$from" in seq|seq-word|both-word|seq-greedy|seq-word-ffn50) ;;
+                 *) fail "SCRATCH_FROM '$from' is not a sequence-level arm (seq, seq-word, both-word, seq-greedy, seq-word-ffn50)" ;;
+               esac
+               sets=(--set model.init_from= --set "distill.teacher=$start"
+                     --set "pruning.init_layout=$kept/$from-s$seed/layout.json"
+                     --set 'pruning.schedule_steps={}' --set 'pruning.ffn_schedule_steps={}' --set 'pruning.shrink_steps=[]'
+                     --set 'pruning.curve_steps=[]' --set train.warmup_steps=400 --set train.scheduler=inverse_sqrt
+                     --set distill.targets=teacher "${translations[@]}")
+               case "$from" in
+                 both-word) sets+=(--set distill.targets=both) ;;
+                 seq) sets+=(--set distill.alpha=0) ;;
+                 seq-greedy) sets+=(--set distill.alpha=0 --set distill.beams=1) ;;
+               esac
+               learning_rate=0.0007 ;;
   scratch-distill) sets=(--set model.init_from= --set "distill.teacher=$start"
-                         --set "pruning.init_layout=recipes/results/wmt-small-deen-compress-study/distill-s$seed/layout.json"
+                         --set "pruning.init_layout=$kept/distill-s$seed/layout.json"
                          --set 'pruning.schedule_steps={}' --set 'pruning.shrink_steps=[]' --set 'pruning.curve_steps=[]'
                          --set train.warmup_steps=400 --set train.scheduler=inverse_sqrt)
                    learning_rate=0.0007 ;;
-  *) fail "unknown arm '$arm' (distill, plain, at-once-distill, at-once, scratch-distill, tune-lr1e-4, tune-lr4e-4, tune-alpha0.9, tune-temp1, tune-hidden1, tune-prune-by-90)" ;;
+  *) fail "unknown arm '$arm' (distill, plain, at-once-distill, at-once, scratch-distill, tune-lr1e-4, tune-lr4e-4, tune-alpha0.9, tune-temp1, tune-hidden1, tune-prune-by-90, word, seq, seq-word, both-word, seq-greedy, seq-word-ffn50, scratch-seq)" ;;
 esac
+name=$arm
+[ "$arm" = scratch-seq ] && name="scratch-seq-of-$from"
+if [ -n "${LEARNING_RATE:-}" ]; then
+  [[ "$LEARNING_RATE" =~ ^[0-9]+(\.[0-9]+)?(e-?[0-9]+)?$ ]] && awk -v x="$LEARNING_RATE" 'BEGIN { exit !(x > 0) }' ||
+    fail "LEARNING_RATE '$LEARNING_RATE' is not a positive number (such as 2e-4)"
+  learning_rate=$LEARNING_RATE
+  name="$arm-lr$LEARNING_RATE"
+fi
 sets+=(--set "train.learning_rate=$learning_rate")
 if [ -n "${MAX_MINUTES:-}" ]; then
   [[ "$MAX_MINUTES" =~ ^([1-9][0-9]*)$ ]] || fail "MAX_MINUTES '$MAX_MINUTES' is not a positive whole number of minutes"
   sets+=(--set "train.max_minutes=$MAX_MINUTES")
 fi
 case "${RESUME:-0}" in 0|1) ;; *) fail "RESUME '${RESUME}' is not 0 or 1" ;; esac
-out="checkpoints/compress/$arm-s$seed"
+out="$runs/$name-s$seed"
 resume=(); [ "${RESUME:-0}" = 1 ] && resume=(--resume)
 # eval.print_test=false: the run's log and summary print validation only (its test scores are in its files)
 .venv/bin/prunetrain recipe wmt-small-deen-compress --set "train.seed=$seed" "${sets[@]}" --set eval.print_test=false \
   --output "$out" "${resume[@]}"
-bash scripts/keep_run.sh "$out" "recipes/results/wmt-small-deen-compress-study/$arm-s$seed"
+bash scripts/keep_run.sh "$out" "$kept/$name-s$seed"

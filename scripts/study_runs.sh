@@ -1,9 +1,10 @@
 # Sourced by the scripts that run a study's arms one after the other (selection_study.sh, proof_study.sh), each run
 # through scripts/payoff_study.sh, so that they can be stopped and started again across days:
 #
-#   source scripts/study_runs.sh STUDY            runs in checkpoints/STUDY/, kept in recipes/results/wmt-small-deen-STUDY/
-#   run_arm NAME ARM SEED [VAR=VALUE ...]         NAME as payoff_study.sh names the run (ARM[-cooldown][-timeMmin]...);
-#                                                 the VARs (COOLDOWN, TIME_MINUTES, ...) go to payoff_study.sh
+#   source scripts/study_runs.sh STUDY [SCRIPT]   runs in checkpoints/STUDY/, kept in recipes/results/wmt-small-deen-STUDY/,
+#                                                 each made by scripts/SCRIPT (default payoff_study.sh; or compress_study.sh)
+#   run_arm NAME ARM SEED [VAR=VALUE ...]         NAME as SCRIPT names the run (ARM[-cooldown][-timeMmin]...);
+#                                                 the VARs (COOLDOWN, TIME_MINUTES, START, ...) go to SCRIPT
 #   compare_arms OUT "SEED ..." [options] -- NAME...
 #                                                 `prunetrain compare` over the kept runs NAME-sSEED (every name with
 #                                                 every seed, in that order; the first name is the reference) into
@@ -12,9 +13,10 @@
 # run_arm skips a run kept already, keeps one that finished but was not kept, resumes (RESUME=1) one that holds a
 # checkpoint, starts one that stopped before its first checkpoint again (the recipe replaces it), and exits (0) before
 # starting a run when checkpoints/STUDY/STOP is there (the file is removed when seen). MAX_MINUTES (default 150) is
-# every run's wall-time guard. A study's runs are timed, so they share one machine: run_arm refuses (exit 2) to start
-# a run on another machine than the kept runs' (`results.json` `machine`: CPU model, cores, native bf16/AMX, GPU).
+# every run's wall-time guard. A timed run (TIME_MINUTES) shares its study's machine: run_arm refuses (exit 2) to
+# start one on another machine than the kept runs' (`results.json` `machine`: CPU model, cores, native bf16/AMX, GPU).
 study=$1
+arm_script=${2:-payoff_study.sh}
 kept=recipes/results/wmt-small-deen-$study
 stop=checkpoints/$study/STOP
 
@@ -30,7 +32,7 @@ run_arm() {
     echo "$study: stopped before $name-s$seed ($stop was there)"
     exit 0
   fi
-  same_machine
+  [[ " $* " == *" TIME_MINUTES="* ]] && same_machine
   local out=checkpoints/$study/$name-s$seed
   if [ -f "$out/run_complete.json" ]; then  # finished, but not kept
     bash scripts/keep_run.sh "$out" "$kept/$name-s$seed"
@@ -39,7 +41,7 @@ run_arm() {
   local resume=0
   compgen -G "$out/checkpoint-*" > /dev/null && resume=1
   echo "$study: $name-s$seed (resume=$resume) from $(date -u +%FT%TZ)"
-  env "$@" STUDY="$study" MAX_MINUTES="${MAX_MINUTES:-150}" RESUME=$resume bash scripts/payoff_study.sh "$arm" "$seed"
+  env "$@" STUDY="$study" MAX_MINUTES="${MAX_MINUTES:-150}" RESUME=$resume bash "scripts/$arm_script" "$arm" "$seed"
 }
 
 same_machine() {

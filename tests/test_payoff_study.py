@@ -457,6 +457,104 @@ def test_compress_study_runs_each_arm_from_the_seeds_full_model(tmp_path):
         assert err.startswith(f"compress_study.sh: {message}"), err
 
 
+def test_compress_study_sequence_level_arms(tmp_path):
+    """The sequence-level distillation arms (issue 65): the recipe's learning rate (4e-4), the teacher's
+    translations kept in one shared directory, each arm's targets, word-level term, beams and FFN schedule;
+    LEARNING_RATE runs an arm at another rate under its own name; a bad one is one line, exit 2."""
+    run = _study_script(tmp_path, "compress_study.sh", "wmt-small-deen-compress-study")
+    (tmp_path / "tree" / "checkpoints" / "proof" / "off-cooldown-s1").mkdir(parents=True)
+    shared = "distill.translations_dir=checkpoints/compress/teacher-translations"
+    expected = {"seq": ["distill.targets=teacher", "distill.alpha=0", shared],
+                "seq-word": ["distill.targets=teacher", shared],
+                "both-word": ["distill.targets=both", shared],
+                "seq-greedy": ["distill.targets=teacher", "distill.alpha=0", "distill.beams=1", shared],
+                "seq-word-ffn50": ["distill.targets=teacher", shared,
+                                   "pruning.ffn_schedule_steps={60: 0.25, 120: 0.5}"]}
+    for arm, settings in expected.items():
+        code, err, args, kept = run([arm, "1"])
+        assert code == 0, err
+        assert all(setting in args for setting in settings), (arm, args)
+        assert ("distill.alpha=0" in args) == (arm in ("seq", "seq-greedy")), args
+        assert [a for a in args if a.startswith("train.learning_rate=")] == ["train.learning_rate=0.0004"], args
+        assert args[-1] == f"checkpoints/compress/{arm}-s1" and f"{arm}-s1" in kept
+    code, err, args, kept = run(["seq-word", "1"], {"LEARNING_RATE": "8e-4"})
+    assert code == 0, err
+    assert [a for a in args if a.startswith("train.learning_rate=")] == ["train.learning_rate=8e-4"], args
+    assert args[-1] == "checkpoints/compress/seq-word-lr8e-4-s1" and "seq-word-lr8e-4-s1" in kept
+    for bad in ("0", "-1e-4", "fast", "1e-4x"):
+        code, err, args, _ = run(["seq", "1"], {"LEARNING_RATE": bad})
+        assert (code, args) == (2, None), (bad, err)
+        assert err == f"compress_study.sh: LEARNING_RATE '{bad}' is not a positive number (such as 2e-4)\n", err
+    code, err, args, kept = run(["scratch-seq", "1"], {"SCRATCH_FROM": "seq"})
+    assert code == 0, err
+    for setting in ("model.init_from=", "distill.teacher=checkpoints/proof/off-cooldown-s1", "distill.targets=teacher",
+                    "distill.alpha=0", shared, "pruning.ffn_schedule_steps={}", "train.learning_rate=0.0007",
+                    "pruning.init_layout=recipes/results/wmt-small-deen-compress-study/seq-s1/layout.json"):
+        assert setting in args, (setting, args)
+    assert args[-1] == "checkpoints/compress/scratch-seq-of-seq-s1" and "scratch-seq-of-seq-s1" in kept
+    code, err, args, _ = run(["scratch-seq", "1"])  # the default: seq-word's architecture, the word-level term on
+    assert code == 0 and "distill.alpha=0" not in args and args[-1] == "checkpoints/compress/scratch-seq-of-seq-word-s1"
+    code, err, args, _ = run(["scratch-seq", "1"], {"SCRATCH_FROM": "distill"})
+    assert (code, args) == (2, None) and err.startswith("compress_study.sh: SCRATCH_FROM 'distill' is not a "
+                                                        "sequence-level arm"), err
+    from prunetrain.mt.config.recipe import load_recipe
+
+    for arm, settings in expected.items():  # every arm is a valid recipe
+        load_recipe("wmt-small-deen-compress", settings)
+
+
+def test_seqkd_study_trains_each_seeds_start_then_its_arms_and_chooses_on_validation_only(tmp_path):
+    """scripts/seqkd_study.sh: per seed (0, 1) the starting model (a study of its own) and the six sequence-level
+    arms from it (study seqkd), then `compare --validation-only` over the twelve; a seed whose arms are all kept
+    needs no starting model; a seed with arms left whose starting model is gone is refused, one line, exit 2."""
+    import shutil
+    import subprocess
+    from pathlib import Path
+
+    root = tmp_path / "tree"
+    _study_script(tmp_path, "seqkd_study.sh")
+    shutil.copy(Path(__file__).resolve().parents[1] / "scripts" / "compress_study.sh", root / "scripts")
+    (root / ".venv" / "bin" / "prunetrain").write_text(RECORDING_PRUNETRAIN)
+    for seed in (0, 1):  # the recording prunetrain writes no model: the starting models' full/ is put there
+        (root / "checkpoints" / "compress-start" / f"off-cooldown-s{seed}" / "full").mkdir(parents=True)
+        (root / "checkpoints" / "compress-start" / f"off-cooldown-s{seed}" / "full" / "config.json").write_text("{}")
+
+    def run():
+        (root / "calls.txt").unlink(missing_ok=True)
+        done = subprocess.run(["bash", "scripts/seqkd_study.sh"], cwd=root, capture_output=True, text=True)
+        calls = (root / "calls.txt").read_text().splitlines() if (root / "calls.txt").is_file() else []
+        return done, calls
+
+    done, calls = run()
+    assert done.returncode == 0, done.stderr
+    arms = ["word", "seq", "seq-word", "both-word", "seq-greedy", "seq-word-ffn50"]
+    recipes = [c for c in calls if c.startswith("recipe ")]
+    assert [c.split("--output ")[1] for c in recipes] == [
+        out for seed in (0, 1) for out in (f"checkpoints/compress-start/off-cooldown-s{seed}",
+                                           *[f"checkpoints/seqkd/{arm}-s{seed}" for arm in arms])]
+    for seed in (0, 1):
+        start, *arm_runs = recipes[7 * seed: 7 * seed + 7]
+        assert start.startswith("recipe wmt-small-deen ") and "train.cooldown=0.2 " in start
+        assert "pruning.schedule_steps={}" in start and f"train.seed={seed} " in start
+        for c in arm_runs:
+            assert c.startswith("recipe wmt-small-deen-compress ") and "train.learning_rate=0.0004 " in c
+            assert f"model.init_from=checkpoints/compress-start/off-cooldown-s{seed} " in c
+        assert all("distill.translations_dir=checkpoints/seqkd/teacher-translations " in c for c in arm_runs[1:])
+    names = ",".join(arm for arm in arms for _ in (0, 1))
+    assert calls[-1] == ("compare " + " ".join(f"recipes/results/wmt-small-deen-seqkd/{arm}-s{seed}" for arm in arms
+                                               for seed in (0, 1))
+                         + f" --names {names} --validation-only --output checkpoints/seqkd/selection-s0-s1")
+    shutil.rmtree(root / "checkpoints" / "compress-start" / "off-cooldown-s0" / "full")  # gone: not needed
+    done, calls = run()
+    assert done.returncode == 0 and [c.split()[0] for c in calls] == ["compare"], done.stderr
+    shutil.rmtree(root / "recipes" / "results" / "wmt-small-deen-seqkd" / "seq-s0")  # an arm left, no model
+    done, calls = run()
+    assert done.returncode == 2 and calls == [], done.stderr
+    assert done.stderr.startswith("seqkd_study.sh: the starting model of seed 0 (checkpoints/compress-start/"
+                                  "off-cooldown-s0/full) is gone though its results are kept") and \
+        done.stderr.count("\n") == 1, done.stderr
+
+
 def test_a_study_refuses_to_time_a_run_on_another_machine_than_its_kept_runs(tmp_path):
     """study_runs.sh: the kept runs' `results.json` `machine` must be this machine's (equal wall-clock means one
     machine); another is refused in one line, exit 2, before anything runs; the same machine goes on."""

@@ -66,6 +66,17 @@ def flop_targets(runs: list[dict]) -> list[float]:
     return sorted(targets or [])
 
 
+def teacher_flops(results: dict) -> float | None:
+    """The teacher's FLOPs beside a run's training FLOPs: its forwards on the training batches (word-level
+    distillation, counted) plus its translations of the training sources (sequence-level, estimated); None for a
+    run without a teacher."""
+    forward = (results.get("distillation") or {}).get("teacher_forward_flops")
+    translations = (results.get("sequence_distillation") or {}).get("generation_flops_estimate")
+    if forward is None and translations is None:
+        return None
+    return (forward or 0) + (translations or 0)
+
+
 def summarize_arm(name: str, runs: list[dict]) -> dict:
 
     finals = [r["test_pruned"] for r in runs]
@@ -75,8 +86,8 @@ def summarize_arm(name: str, runs: list[dict]) -> dict:
             "valid_chrf": mean_sd([v.get("chrf") for v in valid]), "heads": mean_sd([r["heads_kept"] for r in runs]),
             "parameters": mean_sd([r.get("parameters_final") for r in runs]),
             "train_flops": mean_sd([r.get("train_flops") for r in runs]),
-            # distillation: the teacher's forward FLOPs, apart from the training FLOPs (equal student FLOPs)
-            "teacher_flops": mean_sd([(r.get("distillation") or {}).get("teacher_forward_flops") for r in runs]),
+            # distillation: the teacher's FLOPs, apart from the training FLOPs (equal student FLOPs)
+            "teacher_flops": mean_sd([teacher_flops(r) for r in runs]),
             "steps": mean_sd([r.get("steps") for r in runs]),
             "train_step_minutes": mean_sd([r.get("train_step_minutes") for r in runs]),
             # a resumed run's whole-run minutes cover only its resumed part: left out of the mean
@@ -147,7 +158,7 @@ def arms_markdown(comparison: dict) -> list[str]:
     teachers = any((a.get("teacher_flops") or {}).get("n") for a in comparison["arms"])
     lines = ["## Arms (runs sharing a name are seeds; mean ± sd over seeds)", "",
              f"| arm | seeds | test BLEU | chrF | validation BLEU | heads | parameters (M) | training FLOPs ({unit}) | "
-             + (f"teacher FLOPs ({unit}, forward, apart) | " if teachers else "") +
+             + (f"teacher FLOPs ({unit}, forwards and translations, apart) | " if teachers else "") +
              "steps | training min (steps only) | whole run min |", "|" + "---|" * (12 if teachers else 11)]
     for a in comparison["arms"]:
         teacher_cell = ""

@@ -38,6 +38,8 @@ from prunetrain.mt.config.recipe_common import (  # noqa: F401 (names the recipe
 from prunetrain.mt.config.recipe_l0 import GateEvalConfig, GateSweepRecipe, GateTrainConfig, SweepConfig
 from prunetrain.mt.config.recipe_yaml import build_dataclass, load_override_value, load_recipe_mapping
 from prunetrain.mt.run.run_checks import check_static_limits
+from prunetrain.mt.text.sequence_distillation import ENGINES as TEACHER_ENGINES
+from prunetrain.mt.text.sequence_distillation import TARGETS as SEQUENCE_TARGETS
 from prunetrain.training.points import check_epoch_points, check_step_points
 from prunetrain.utils.validate import check_bool, check_choice, check_fraction, check_int
 
@@ -274,15 +276,32 @@ class DistillConfig:
     hidden_weight: float = 0.0  # β: per-layer hidden-state matching (CoFi), 0: off
     teacher: str = ""  # "": a frozen copy of the model the run starts from (model.init_from) taken before the first
     # step; or a finished run directory (its full/) or saved model directory with the run's tokenizer
+    # sequence-level distillation (Kim & Rush 2016; prunetrain.mt.text.sequence_distillation): what the run trains on
+    targets: str = "references"  # "teacher": the teacher's beam translations of the training sources; "both"
+    beams: int = 4  # the teacher's beam size
+    engine: str = "ctranslate2"  # the teacher translates in CTranslate2 (float32, checked) or "transformers"
+    translations_dir: str = ""  # "": kept in the run directory; a shared directory lets runs reuse them (keyed)
 
     def __post_init__(self):
         _check_number("distill.alpha", self.alpha, 0.0, 1.0)
         _check_number("distill.temperature", self.temperature, 0.0, low_open=True)
         _check_number("distill.hidden_weight", self.hidden_weight, 0.0)
+        check_choice("distill.targets", self.targets, SEQUENCE_TARGETS)
+        check_int("distill.beams", self.beams)
+        check_choice("distill.engine", self.engine, TEACHER_ENGINES)
+        if not isinstance(self.translations_dir, str):
+            raise ValueError(f"distill.translations_dir: {self.translations_dir!r} is not a path; give a directory "
+                             f"or \"\" for the run directory.")
 
     @property
     def enabled(self) -> bool:
+        """Word-level distillation (the teacher's distributions in the loss)."""
         return self.alpha > 0 or self.hidden_weight > 0
+
+    @property
+    def sequence_level(self) -> bool:
+        """The run trains on the teacher's translations (alone or beside the references)."""
+        return self.targets != "references"
 
 
 @dataclass
@@ -352,13 +371,18 @@ class Recipe:
             other = "pruning.init_layout" if p.init_layout else "pruning.init_heads"
             raise ValueError(f"model.init_from: {m.init_from!r} starts from a trained model, {other} from a fresh "
                              f"smaller one; set one of them.")
+        if d.sequence_level and not (m.init_from or d.teacher):
+            raise ValueError(f"distill.targets: {d.targets!r} trains on a teacher's translations, but there is no "
+                             f"teacher: give model.init_from=<trained run> (it teaches) or distill.teacher=<trained "
+                             f"run>.")
         if d.enabled and not (m.init_from or d.teacher):
             raise ValueError(f"distill.alpha: {d.alpha!r} (hidden_weight {d.hidden_weight!r}) distils from a copy of "
                              f"the starting model, but without model.init_from that is a fresh initialisation, which "
                              f"teaches nothing; give model.init_from=<trained run> or distill.teacher=<trained run>.")
-        if d.teacher and not d.enabled:
+        if d.teacher and not (d.enabled or d.sequence_level):
             raise ValueError(f"distill.teacher: {d.teacher!r} is given but distill.alpha and distill.hidden_weight "
-                             f"are 0, so nothing is distilled; set distill.alpha (e.g. 0.5) or leave the teacher out.")
+                             f"are 0 and distill.targets is 'references', so nothing is distilled; set distill.alpha "
+                             f"(e.g. 0.5) or distill.targets=teacher, or leave the teacher out.")
 
     def _check_kept_per_kind(self) -> None:
         """kept_per_kind splits the schedule's final amount between the kinds: every kind named, the counts within

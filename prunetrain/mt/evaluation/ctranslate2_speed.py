@@ -80,35 +80,41 @@ def ctranslate2_speed(pruned, full, tokenizer, sources: list[str], *, beams: int
             "threads": threads, **record, "speedup": record["full"]["median_s"] / record["pruned"]["median_s"]}
 
 
-def _time_in_fresh_process(directory: Path, tokens_file: Path, beams: int, length: int, threads: int) -> float:
+def _time_in_fresh_process(directory: Path, tokens_file: Path, beams: int, length: int, threads: int,
+                           compute_type: str = "float32") -> float:
     """Seconds to decode every batch of `tokens_file` with the CTranslate2 model in `directory`, timed in a new
-    Python process that holds this one translator (see the module docstring)."""
-    done = subprocess.run([sys.executable, "-m", "prunetrain.mt.evaluation.ctranslate2_speed", str(directory), str(tokens_file),
-                           str(beams), str(length), str(threads)], capture_output=True, text=True)
+    Python process that holds this one translator (see the module docstring); `length` 0 decodes freely (each
+    output ends at its end-of-sentence token, at most 256 tokens, as `translate_ctranslate2` decodes)."""
+    done = subprocess.run([sys.executable, "-m", "prunetrain.mt.evaluation.ctranslate2_speed", str(directory),
+                           str(tokens_file), str(beams), str(length), str(threads), compute_type],
+                          capture_output=True, text=True)
     if done.returncode:
         raise RuntimeError(f"ctranslate2_speed: timing {directory.name} in CTranslate2 failed: "
                            f"{done.stderr.strip()[-500:]}")
     return float(done.stdout.split()[-1])
 
 
-def _time_one_translator(directory: str, tokens_file: str, beams: int, length: int, threads: int) -> float:
+def _time_one_translator(directory: str, tokens_file: str, beams: int, length: int, threads: int,
+                         compute_type: str = "float32") -> float:
     """In this process: load one translator, decode the first batch once (warm-up), then time every batch."""
     import ctranslate2
 
     batches = json.loads(Path(tokens_file).read_text())
     translator = ctranslate2.Translator(directory, device="cpu", inter_threads=1, intra_threads=threads,
-                                        compute_type="float32")
+                                        compute_type=compute_type)
+    lengths = dict(min_decoding_length=length, max_decoding_length=length) if length else \
+        dict(min_decoding_length=0, max_decoding_length=256)
 
     def run(selected):
         for batch in selected:
-            translator.translate_batch(batch, beam_size=beams, min_decoding_length=length,
-                                       max_decoding_length=length)
+            translator.translate_batch(batch, beam_size=beams, **lengths)
     run(batches[:1])
     start = time.perf_counter()
     run(batches)
     return time.perf_counter() - start
 
 
-if __name__ == "__main__":  # a timing process: DIRECTORY TOKENS_FILE BEAMS LENGTH THREADS → seconds on stdout
+if __name__ == "__main__":  # a timing process: DIRECTORY TOKENS_FILE BEAMS LENGTH THREADS [COMPUTE_TYPE] → seconds
     directory, tokens_file, beams, length, threads = sys.argv[1:6]
-    print(_time_one_translator(directory, tokens_file, int(beams), int(length), int(threads)))
+    compute_type = sys.argv[6] if len(sys.argv) > 6 else "float32"
+    print(_time_one_translator(directory, tokens_file, int(beams), int(length), int(threads), compute_type))

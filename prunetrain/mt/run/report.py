@@ -77,6 +77,25 @@ def _distillation_lines(results: dict) -> list[str]:
     return lines + ["## Distillation", "", f"{loss}, {settings}; the teacher: {distill['teacher']}. {flops}", ""]
 
 
+def _sequence_distillation_lines(results: dict) -> list[str]:
+    """What the run trained on when the teacher's translations were its targets, and the teacher's cost beside the
+    training FLOPs (`prunetrain.mt.text.sequence_distillation`)."""
+    made = results.get("sequence_distillation")
+    if not made:
+        return []
+    trained_on = {"teacher": "the teacher's translations of the training sources",
+                  "both": "the references and the teacher's translations of the training sources"}[made["targets"]]
+    flops, student = made.get("generation_flops_estimate"), results.get("train_flops")
+    cost = f"{made['seconds'] / 60:.1f} minutes of the teacher's translating ({made['engine']}, beam {made['num_beams']})"
+    if flops is not None:
+        cost += f", about {flops:.3g} FLOPs (an estimate: each beam priced as a forward of its output)"
+        cost += f"; the student's training FLOPs: {student:.4g}" if student else ""
+    empty = f" {made['empty']} of its {made['sentences']} translations are empty." if made["empty"] else ""
+    return ["## Sequence-level distillation", "",
+            f"Trained on {trained_on} (Kim & Rush 2016); the teacher: `{made['teacher']}`. {cost}; not part of the "
+            f"training budget.{empty} Translations kept in `{made['directory']}` (key {made['key']}).", ""]
+
+
 def _definition(results: dict, cap: dict) -> str:
     """What defines the run's length: its FLOP budget (`train.max_flops`, and the step that reached it) when it has
     one, else its planned steps."""
@@ -188,6 +207,7 @@ def write_report(run: str | Path, results: dict) -> Path:
         *_points_lines(results),
         "",
         *_distillation_lines(results),
+        *_sequence_distillation_lines(results),
         *_training_time_lines(run, results),
         "## Pruned-BLEU curves per point (validation subset, greedy; Michel et al. 2019 §6)",
         "",

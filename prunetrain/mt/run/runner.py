@@ -34,7 +34,7 @@ from prunetrain.mt.run.run_dir import mark_complete, prepare_output_dir, replace
 from prunetrain.mt.run.run_record import data_record, recipe_inputs, with_data_dir
 from prunetrain.mt.run.run_settings import measured_settings, measures_settings, settings_record
 from prunetrain.mt.run.starting import (check_trained_models, distillation_callback, distillation_record,
-                                        distilled_loss, load_starting_model, run_tokenizer_dir)
+                                        distilled_loss, load_starting_model, run_tokenizer_dir, sequence_level_pairs)
 from prunetrain.mt.run.training_setup import finite_guard, train_seq2seq, training_args
 from prunetrain.mt.text.data import load_tokenizer
 from prunetrain.training.time_cap import TimeCapCallback
@@ -286,6 +286,9 @@ def _run_locked(recipe: Recipe, out_dir: Path, *, resume: bool, overwrite: bool,
                 started: float) -> dict | None:
     """`run_recipe` once the run directory is locked (by rank 0)."""
     pairs, tokenizer = start_run(recipe, out_dir, resume=resume, overwrite=overwrite, progress=progress)
+    pairs, sequence_distillation = ranks.shared(  # rank 0 translates; the others read its translations back
+        lambda: sequence_level_pairs(recipe, pairs, tokenizer, out_dir, progress),
+        lambda: sequence_level_pairs(recipe, pairs, tokenizer, out_dir, lambda message: None))
     model, inputs, initial = set_up_model(recipe, tokenizer, pairs, out_dir=out_dir, progress=progress)
     callbacks, time_cap, clock = make_callbacks(recipe, inputs, model.config)
     train_start = time.time()
@@ -307,6 +310,8 @@ def _run_locked(recipe: Recipe, out_dir: Path, *, resume: bool, overwrite: bool,
         results["precision_measured"] = inputs.precision
     if recipe.distill.enabled:
         results["distillation"] = distillation_record(recipe, out_dir)
+    if sequence_distillation is not None:
+        results["sequence_distillation"] = sequence_distillation
     write_test_translations(out_dir, final["shrunk"])
     write_final_translations(out_dir, final["sets"])
     (out_dir / "results.json").write_text(json.dumps(results, indent=1))
@@ -324,7 +329,7 @@ def start_run(recipe: Recipe, out_dir: Path, *, resume: bool, overwrite: bool, p
     same tokenizer."""
     read = lambda: (*load_pairs(recipe, None), load_test_sets(recipe))  # noqa: E731
     pairs = ranks.shared(read, read)
-    check_points_reachable(recipe, len(pairs[0]))
+    check_points_reachable(recipe, len(pairs[0]) * (2 if recipe.distill.targets == "both" else 1))
     check_initial_architecture(recipe)
     tokenizer = ranks.shared(lambda: _prepare(recipe, out_dir, pairs, resume=resume, overwrite=overwrite,
                                               progress=progress),

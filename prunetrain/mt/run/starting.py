@@ -216,6 +216,34 @@ def distilled_loss(callbacks, loss, label_smoothing: float):
     return distill.loss_func(loss) if loss is not None else None
 
 
+def sequence_level_pairs(recipe, pairs: tuple, tokenizer, out_dir: Path, progress) -> tuple[tuple, dict | None]:
+    """The run's data with the training pairs of sequence-level distillation (`distill.targets` teacher or both;
+    `prunetrain.mt.text.sequence_distillation`): the teacher (`distill.teacher`, else the starting model) translates
+    the training sources once, kept in `distill.translations_dir` or the run directory and read back on resume.
+    Returns (pairs, the record for `results.json` `sequence_distillation`), or (pairs, None) for the references."""
+    d = recipe.distill
+    if not d.sequence_level:
+        return pairs, None
+    from prunetrain.mt.evaluation.translation import load_translation_model
+    from prunetrain.mt.text.sequence_distillation import distilled_pairs, distilled_targets
+    from prunetrain.utils.device import default_device
+
+    model_dir = teacher_model_dir(recipe) or starting_model_dir(recipe)
+    device = default_device() if d.engine == "transformers" else "cpu"
+    teacher = load_translation_model(model_dir, device=device).eval().requires_grad_(False)
+    directory = Path(d.translations_dir) if d.translations_dir else out_dir / "prunetrain" / "teacher_translations"
+    train = pairs[0]
+    made = distilled_targets(teacher, tokenizer, [source for source, _ in train], directory, num_beams=d.beams,
+                             engine=d.engine, progress=progress)
+    trained_on = distilled_pairs(train, made.translations, d.targets)
+    record = {**made.record, "targets": d.targets, "teacher": str(model_dir), "training_pairs": len(trained_on)}
+    progress(f"sequence-level distillation: the teacher {model_dir} translated {made.record['translated_now']} and "
+             f"read back {made.record['read_back']} of {len(train)} training sources ({d.engine}, beam {d.beams}; "
+             f"{made.record['seconds'] / 60:.1f} teacher minutes in all); the run trains on "
+             f"{'its translations' if d.targets == 'teacher' else 'the references and its translations'}")
+    return (trained_on, *pairs[1:]), record
+
+
 def teacher_label(recipe) -> str:
     """How the report names the teacher."""
     if recipe.distill.teacher:
@@ -223,5 +251,5 @@ def teacher_label(recipe) -> str:
     return f"a frozen copy of the starting model {recipe.model.init_from} (taken before the first step)"
 
 
-__all__ = ["check_fits_recipe", "check_trained_models", "distillation_callback", "distillation_record", "distilled_loss", "load_starting_model", "load_teacher", "run_tokenizer_dir",
+__all__ = ["check_fits_recipe", "check_trained_models", "distillation_callback", "distillation_record", "distilled_loss", "load_starting_model", "load_teacher", "run_tokenizer_dir", "sequence_level_pairs",
            "starting_model_dir", "teacher_label", "teacher_model_dir"]
