@@ -14,20 +14,27 @@
 # checkpoints/proof/equal-flops/ or checkpoints/proof/equal-time/.
 #
 #   DEFAULT=early bash scripts/proof_study.sh    (the selection chose early on 2026-11-27)
+#
+# The fast model's proof (recipes/wmt-small-deen-fast.md, issue 64) is the same with DEFAULT one of the fast arms
+# (the one scripts/fast_study.sh's selection chooses): its runs go to checkpoints/fast-proof/ and are kept in
+# recipes/results/wmt-small-deen-fast-proof/ (the full model `off` is the main recipe with pruning off, as before).
+#   DEFAULT=fast-h36-f50-early bash scripts/proof_study.sh
 set -euo pipefail
 cd "$(dirname "$0")/.."
 fail() { echo "proof_study.sh: $*" >&2; exit 2; }
 default=${DEFAULT:-}
+study=proof
 case "$default" in
   small-steps|shrink-each|gradual|early|late|per-kind) ;;
-  *) fail "DEFAULT '$default' is not one of the selection's arms (small-steps, shrink-each, gradual, early, late, per-kind): name the arm checkpoints/study/selection-s100/compare.md chooses" ;;
+  fast-h36-f50-early|fast-h36-f75-early|fast-f50-early|fast-h36-f50|fast-h36-f75|fast-f50) study=fast-proof ;;
+  *) fail "DEFAULT '$default' is not one of the selection's arms (small-steps, shrink-each, gradual, early, late, per-kind; the fast arms fast-h36-f50-early, fast-h36-f75-early, fast-f50-early, fast-h36-f50, fast-h36-f75, fast-f50): name the arm checkpoints/study/selection-s100/compare.md or checkpoints/fast/selection-s100/compare.md chooses" ;;
 esac
 minutes=${TIME_MINUTES:-20}
 [[ "$minutes" =~ ^[1-9][0-9]*$ ]] || fail "TIME_MINUTES '$minutes' is not a positive whole number of minutes"
 precision=${PRECISION:-measure}
 case "$precision" in auto|bf16|fp32|measure) ;; *) fail "PRECISION '$precision' is not one of auto, bf16, fp32, measure" ;; esac
 seeds="0 1 2 3 4"
-source scripts/study_runs.sh proof
+source scripts/study_runs.sh "$study"
 
 flops=-cooldown
 for seed in $seeds; do

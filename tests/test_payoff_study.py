@@ -411,6 +411,35 @@ def test_proof_study_runs_five_seeds_of_three_arms_at_equal_flops_then_equal_tim
     assert len(list((root / "checkpoints" / "proof").glob("equal-*-*"))) == 2
 
 
+def test_the_fast_models_proof_is_a_study_of_its_own(tmp_path):
+    """proof_study.sh with a fast arm as DEFAULT (issue 64): the fast recipe for the arm and its scratch
+    architecture, the main recipe with pruning off for the full model, in checkpoints/fast-proof/, kept apart in
+    recipes/results/wmt-small-deen-fast-proof/; equal FLOPs, then equal wall-clock, then the two comparisons."""
+    import os
+    import subprocess
+
+    root = tmp_path / "tree"
+    _study_script(tmp_path, "proof_study.sh")
+    (root / ".venv" / "bin" / "prunetrain").write_text(RECORDING_PRUNETRAIN)
+    done = subprocess.run(["bash", "scripts/proof_study.sh"], cwd=root, capture_output=True, text=True,
+                          env={**os.environ, "DEFAULT": "fast-h36-f50-early"})
+    assert done.returncode == 0, done.stderr
+    calls = (root / "calls.txt").read_text().splitlines()
+    recipes = [c for c in calls if c.startswith("recipe ")]
+    flops = ["fast-h36-f50-early-cooldown", "off-cooldown", "scratch-of-fast-h36-f50-early-cooldown"]
+    time = [name + "-time20min-measure" for name in flops]
+    assert [c.split("--output ")[1] for c in recipes] == [
+        f"checkpoints/fast-proof/{name}-s{seed}" for names in (flops, time) for seed in range(5) for name in names]
+    kept = "recipes/results/wmt-small-deen-fast-proof"
+    for i, c in enumerate(recipes):
+        assert c.startswith("recipe wmt-small-deen-fast " if i % 3 != 1 else "recipe wmt-small-deen "), c
+    assert f"pruning.init_layout={kept}/fast-h36-f50-early-cooldown-time20min-measure-s4/layout.json " in recipes[-1]
+    compares = [c for c in calls if c.startswith("compare ")]
+    assert [c.split("--output ")[1] for c in compares] == ["checkpoints/fast-proof/equal-flops",
+                                                          "checkpoints/fast-proof/equal-time"]
+    assert len(list((root / kept).iterdir())) == 30
+
+
 def test_compress_study_runs_each_arm_from_the_seeds_full_model(tmp_path):
     """scripts/compress_study.sh: every arm starts from the payoff study's full model of its seed (or START), the
     scratch arm trains the distill arm's architecture from a fresh initialisation with that model as the teacher;

@@ -354,10 +354,13 @@ def write_comparison(run_dirs: list[str | Path], output: str | Path, names: list
         comparison, runs = validation_comparison(names, loaded), None
         markdown = validation_markdown(comparison)
     else:
+        from prunetrain.mt.comparison.time_to_quality import arms_time_to_quality, time_to_quality_section
+
         arms = compare_arms(names, loaded, run_dirs, samples=samples)
         runs = dict(zip(run_labels(names, loaded), loaded))
-        comparison = dict(compare_runs(runs), **arms)
-        markdown = comparison_markdown(comparison) + "\n![BLEU over training time](compare.png)\n"
+        comparison = dict(compare_runs(runs), **arms, time_to_quality=arms_time_to_quality(names, loaded))
+        markdown = (comparison_markdown(comparison) + "\n![BLEU over training time](compare.png)\n"
+                    + time_to_quality_section(comparison["time_to_quality"]))
     with staging_directory(output) as staging:  # built beside it and renamed in whole: a failure leaves nothing
         built = staging / "out"
         built.mkdir()
@@ -368,6 +371,10 @@ def write_comparison(run_dirs: list[str | Path], output: str | Path, names: list
             if figure:
                 (built / figure).replace(built / "compare.png")
                 (built / "figures").rmdir()
+        if runs is not None and comparison.get("time_to_quality"):
+            from prunetrain.mt.comparison.time_to_quality import FIGURE, time_to_quality_figure
+
+            time_to_quality_figure(comparison["time_to_quality"], built / FIGURE)
         (built / "compare.json").write_text(json.dumps(comparison, indent=1))
         (built / "compare.md").write_text(markdown)
         replace_directory(built, output, kind="comparison")

@@ -132,7 +132,7 @@ def frontier_table(result: dict) -> str:
 def frontier_figure(result: dict, path: str | Path) -> Path:
     """BLEU on the first test set against sentences/s, one point per (model, compute type): float32 filled, int8
     (and other types) hollow, each labelled."""
-    from prunetrain.utils.plots import pyplot
+    from prunetrain.utils.plots import pyplot, save_figure
 
     plt = pyplot()
     split = result["settings"]["timing_split"]
@@ -149,10 +149,7 @@ def frontier_figure(result: dict, path: str | Path) -> Path:
     axes.set_ylabel(f"BLEU ({split})")
     axes.grid(alpha=0.3)
     figure.tight_layout()
-    path = Path(path)
-    figure.savefig(path, dpi=120)
-    plt.close(figure)
-    return path
+    return save_figure(figure, path)
 
 
 __all__ = ["COMPUTE_TYPES", "frontier", "frontier_figure", "frontier_table", "served_model_dir"]
