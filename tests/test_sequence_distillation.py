@@ -46,7 +46,7 @@ def test_the_translations_are_the_teachers_and_are_read_back(teacher, m30k_token
     assert made.translations == translate(teacher, m30k_tokenizer, sources, num_beams=2, max_new_tokens=30)
     record = made.record
     assert (record["sentences"], record["translated_now"], record["read_back"]) == (SOURCES, SOURCES, 0)
-    assert record["seconds"] > 0 and record["engine"] == "transformers" and record["num_beams"] == 2
+    assert isinstance(record["seconds"], float) and record["engine"] == "transformers" and record["num_beams"] == 2
     assert sorted(p.name for p in (tmp_path / record["key"]).iterdir()) == [
         "identity.json", "part-00000.json", "part-00001.json", "part-00002.json"]
     again = distilled_targets(teacher, m30k_tokenizer, sources, tmp_path, num_beams=2, chunk_size=25,
@@ -202,7 +202,7 @@ def test_the_compress_recipe_trains_on_the_teachers_translations(full_smoke_run,
     results = json.loads((out / "results.json").read_text())
     seq = results["sequence_distillation"]
     assert (seq["targets"], seq["engine"], seq["num_beams"], seq["sentences"]) == ("both", "ctranslate2", 2, 1000)
-    assert seq["translated_now"] == 1000 and seq["seconds"] > 0 and seq["generation_flops_estimate"] > 0
+    assert seq["translated_now"] == 1000 and isinstance(seq["seconds"], float) and seq["generation_flops_estimate"] > 0
     assert "distillation" not in results  # no word-level term (alpha 0)
     assert seq["training_pairs"] == 2000 and "the run trains on the references and its translations" in result.stderr
     report = (out / "report.md").read_text()

@@ -32,14 +32,7 @@ def loadavg() -> list[float] | None:
 
 
 def environment(device: torch.device) -> dict:
-    cpu = None
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        cpu = platform.processor() or None
+    cpu = machine()["cpu"]
     env = {
         "torch": torch.__version__,
         "python": platform.python_version(),

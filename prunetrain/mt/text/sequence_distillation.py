@@ -250,6 +250,7 @@ class _Translator:
         self._ct2_dir: tempfile.TemporaryDirectory | None = None
         self._flop_model = None
         self._flops_counted = True
+        self._encoder_flops_by_length: dict[int, int] = {}
 
     def chunk(self, start: int, sources: list[str]) -> dict:
         began = time.perf_counter()
@@ -306,7 +307,7 @@ class _Translator:
         from prunetrain.bench.flops import flop_counter
         from prunetrain.engine.read_only import modes_kept
 
-        cache = self.__dict__.setdefault("_encoder_cache", {})
+        cache = self._encoder_flops_by_length
         if len(source) not in cache:
             device = next(self.teacher.parameters()).device
             counter = flop_counter()
