@@ -28,12 +28,13 @@
 #   per-kind             the gradual schedule with Voita's order: 6 encoder-self, 12 decoder-self, 18 cross heads kept
 # The fast model's arms (recipe wmt-small-deen-fast, heads and FFN neurons; fixed before any run with the rule that
 # chooses among them in recipes/wmt-small-deen-fast.md; scripts/fast_study.sh runs them):
-#   fast-h36-f50-early   the fast recipe as it is: 75 % of the heads and 50 % of the FFN neurons masked at steps
-#                        100/200/300 (heads 25/50/75 %, neurons 25/50 %), shrinks at 200/300
+#   fast-h36-f50-early   75 % of the heads and 50 % of the FFN neurons masked at steps 100/200/300 (heads 25/50/75 %,
+#                        neurons 25/50 %), shrinks at 200/300 (the recipe's placeholder default before the selection)
 #   fast-h36-f75-early   the same with 75 % of the FFN neurons (25/50/75 % at 100/200/300)
 #   fast-f50-early       50 % of the FFN neurons only (25/50 % at 100/200, shrink at 200), every head kept
 #   fast-h36-f50         the main recipe's timing: heads 25/50/62.5/75 % at 200/300/400/500, neurons 25/50 % at
-#                        200/300, shrinks at 300/500
+#                        200/300, shrinks at 300/500 (chosen by the selection on 2026-11-29: the recipe's default)
+# Every fast arm states its whole schedule, so that a change of the recipe's default changes none of them.
 #   fast-h36-f75         the same with neurons 25/50/75 % at 200/300/400
 #   fast-f50             neurons only, 25/50 % at 200/300, shrink at 300
 # SCRATCH_FROM (default gradual) names the arm whose final architecture the scratch arm trains; another arm than
@@ -91,6 +92,7 @@ small_steps=(--set 'pruning.schedule_steps={300: 0.125, 400: 0.25, 500: 0.375, 6
 gradual=(--set 'pruning.schedule_steps={400: 0.25, 600: 0.5, 800: 0.625, 1000: 0.75}' --set 'pruning.shrink_steps=[600, 1000]')
 recipe=wmt-small-deen
 heads_default=(--set 'pruning.schedule_steps={200: 0.25, 300: 0.5, 400: 0.625, 500: 0.75}')
+heads_early=(--set 'pruning.schedule_steps={100: 0.25, 200: 0.5, 300: 0.75}')
 no_heads=(--set 'pruning.schedule_steps={}')
 case "$arm" in  # the fast arms, and the architecture of one trained from scratch, run the fast recipe
   fast-*) recipe=wmt-small-deen-fast ;;
@@ -98,9 +100,12 @@ case "$arm" in  # the fast arms, and the architecture of one trained from scratc
            off+=(--set 'pruning.ffn_schedule_steps={}') ;;
 esac
 case "$arm" in
-  fast-h36-f50-early) sets=() ;;
-  fast-h36-f75-early) sets=(--set 'pruning.ffn_schedule_steps={100: 0.25, 200: 0.5, 300: 0.75}') ;;
-  fast-f50-early) sets=("${no_heads[@]}" --set 'pruning.shrink_steps=[200]') ;;
+  fast-h36-f50-early) sets=("${heads_early[@]}" --set 'pruning.ffn_schedule_steps={100: 0.25, 200: 0.5}'
+                            --set 'pruning.shrink_steps=[200, 300]') ;;
+  fast-h36-f75-early) sets=("${heads_early[@]}" --set 'pruning.ffn_schedule_steps={100: 0.25, 200: 0.5, 300: 0.75}'
+                            --set 'pruning.shrink_steps=[200, 300]') ;;
+  fast-f50-early) sets=("${no_heads[@]}" --set 'pruning.ffn_schedule_steps={100: 0.25, 200: 0.5}'
+                        --set 'pruning.shrink_steps=[200]') ;;
   fast-h36-f50) sets=("${heads_default[@]}" --set 'pruning.ffn_schedule_steps={200: 0.25, 300: 0.5}'
                       --set 'pruning.shrink_steps=[300, 500]') ;;
   fast-h36-f75) sets=("${heads_default[@]}" --set 'pruning.ffn_schedule_steps={200: 0.25, 300: 0.5, 400: 0.75}'

@@ -19,6 +19,9 @@
 # (the one scripts/fast_study.sh's selection chooses): its runs go to checkpoints/fast-proof/ and are kept in
 # recipes/results/wmt-small-deen-fast-proof/ (the full model `off` is the main recipe with pruning off, as before).
 #   DEFAULT=fast-h36-f50-early bash scripts/proof_study.sh
+# QUESTIONS (default "flops time") names the questions and their order: "time flops" runs the equal-time runs first
+# (the fast proof does: its headline is at equal wall-clock, and those runs must share one machine type, so they go
+# while the session has the selection's machine), "time" or "flops" one of them alone.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 fail() { echo "proof_study.sh: $*" >&2; exit 2; }
@@ -33,23 +36,37 @@ minutes=${TIME_MINUTES:-20}
 [[ "$minutes" =~ ^[1-9][0-9]*$ ]] || fail "TIME_MINUTES '$minutes' is not a positive whole number of minutes"
 precision=${PRECISION:-measure}
 case "$precision" in auto|bf16|fp32|measure) ;; *) fail "PRECISION '$precision' is not one of auto, bf16, fp32, measure" ;; esac
+questions=${QUESTIONS:-flops time}
+[[ "$questions" =~ ^(flops|time|flops\ time|time\ flops)$ ]] || \
+  fail "QUESTIONS '$questions' is not one of 'flops time', 'time flops', 'flops', 'time'"
 seeds="0 1 2 3 4"
 source scripts/study_runs.sh "$study"
 
-flops=-cooldown
-for seed in $seeds; do
-  run_arm "$default$flops" "$default" "$seed" COOLDOWN=0.2
-  run_arm "off$flops" off "$seed" COOLDOWN=0.2
-  run_arm "scratch-of-$default$flops" scratch "$seed" COOLDOWN=0.2 SCRATCH_FROM="$default"
-done
-compare_arms equal-flops "$seeds" -- "$default$flops" "off$flops" "scratch-of-$default$flops"
+equal_flops() {
+  local flops=-cooldown seed
+  for seed in $seeds; do
+    run_arm "$default$flops" "$default" "$seed" COOLDOWN=0.2
+    run_arm "off$flops" off "$seed" COOLDOWN=0.2
+    run_arm "scratch-of-$default$flops" scratch "$seed" COOLDOWN=0.2 SCRATCH_FROM="$default"
+  done
+  compare_arms equal-flops "$seeds" -- "$default$flops" "off$flops" "scratch-of-$default$flops"
+}
 
-time=-cooldown-time${minutes}min
-[ "$precision" = auto ] || time="$time-$precision"  # as payoff_study.sh names the run
-for seed in $seeds; do
-  run_arm "$default$time" "$default" "$seed" COOLDOWN=0.2 TIME_MINUTES="$minutes" PRECISION="$precision"
-  run_arm "off$time" off "$seed" COOLDOWN=0.2 TIME_MINUTES="$minutes" PRECISION="$precision"
-  run_arm "scratch-of-$default$time" scratch "$seed" COOLDOWN=0.2 TIME_MINUTES="$minutes" PRECISION="$precision" \
-    SCRATCH_FROM="$default"
+equal_time() {
+  local time=-cooldown-time${minutes}min seed
+  [ "$precision" = auto ] || time="$time-$precision"  # as payoff_study.sh names the run
+  for seed in $seeds; do
+    run_arm "$default$time" "$default" "$seed" COOLDOWN=0.2 TIME_MINUTES="$minutes" PRECISION="$precision"
+    run_arm "off$time" off "$seed" COOLDOWN=0.2 TIME_MINUTES="$minutes" PRECISION="$precision"
+    run_arm "scratch-of-$default$time" scratch "$seed" COOLDOWN=0.2 TIME_MINUTES="$minutes" PRECISION="$precision" \
+      SCRATCH_FROM="$default"
+  done
+  compare_arms equal-time "$seeds" -- "$default$time" "off$time" "scratch-of-$default$time"
+}
+
+for question in $questions; do
+  case "$question" in
+    flops) equal_flops ;;
+    time) equal_time ;;
+  esac
 done
-compare_arms equal-time "$seeds" -- "$default$time" "off$time" "scratch-of-$default$time"

@@ -27,7 +27,7 @@ def test_the_fast_recipe_removes_the_share_of_multiply_adds_it_states():
     recipe = load_recipe("wmt-small-deen-fast")
     assert "wmt-small-deen-fast" in available_recipes()
     p, m = recipe.pruning, recipe.model
-    assert (p.mode, sorted(p.shrink_steps)) == ("mask", [200, 300]) and recipe.train.max_flops == 1.78e14
+    assert (p.mode, sorted(p.shrink_steps)) == ("mask", [300, 500]) and recipe.train.max_flops == 1.78e14
     model = MarianMTModel(marian_config(recipe.data.vocab_size, d_model=m.d_model, ffn_dim=m.ffn_dim,
                                         layers=m.layers, heads=m.heads))
     layout = pt.find_sites(model, ("heads", "neurons"))

@@ -375,7 +375,8 @@ def test_proof_study_runs_five_seeds_of_three_arms_at_equal_flops_then_equal_tim
     for env, message in [({}, "DEFAULT '' is not one of the selection's arms"),
                          ({"DEFAULT": "off"}, "DEFAULT 'off' is not one of the selection's arms"),
                          ({"DEFAULT": "gradual", "TIME_MINUTES": "0"}, "TIME_MINUTES '0' is not a positive"),
-                         ({"DEFAULT": "gradual", "PRECISION": "fp8"}, "PRECISION 'fp8' is not one of")]:
+                         ({"DEFAULT": "gradual", "PRECISION": "fp8"}, "PRECISION 'fp8' is not one of"),
+                         ({"DEFAULT": "gradual", "QUESTIONS": "time time"}, "QUESTIONS 'time time' is not one of")]:
         done, calls = run(env)
         assert done.returncode == 2 and calls == [], (env, done.stderr)
         assert done.stderr.startswith(f"proof_study.sh: {message}") and done.stderr.count("\n") == 1, done.stderr
@@ -414,29 +415,39 @@ def test_proof_study_runs_five_seeds_of_three_arms_at_equal_flops_then_equal_tim
 def test_the_fast_models_proof_is_a_study_of_its_own(tmp_path):
     """proof_study.sh with a fast arm as DEFAULT (issue 64): the fast recipe for the arm and its scratch
     architecture, the main recipe with pruning off for the full model, in checkpoints/fast-proof/, kept apart in
-    recipes/results/wmt-small-deen-fast-proof/; equal FLOPs, then equal wall-clock, then the two comparisons."""
+    recipes/results/wmt-small-deen-fast-proof/; with QUESTIONS="time flops" the equal wall-clock runs and their
+    comparison first (they must share the selection's machine type), then those at equal FLOPs; QUESTIONS=time
+    runs only the first."""
     import os
     import subprocess
 
     root = tmp_path / "tree"
     _study_script(tmp_path, "proof_study.sh")
     (root / ".venv" / "bin" / "prunetrain").write_text(RECORDING_PRUNETRAIN)
-    done = subprocess.run(["bash", "scripts/proof_study.sh"], cwd=root, capture_output=True, text=True,
-                          env={**os.environ, "DEFAULT": "fast-h36-f50-early"})
-    assert done.returncode == 0, done.stderr
-    calls = (root / "calls.txt").read_text().splitlines()
-    recipes = [c for c in calls if c.startswith("recipe ")]
-    flops = ["fast-h36-f50-early-cooldown", "off-cooldown", "scratch-of-fast-h36-f50-early-cooldown"]
+
+    def run(questions):
+        (root / "calls.txt").unlink(missing_ok=True)
+        done = subprocess.run(["bash", "scripts/proof_study.sh"], cwd=root, capture_output=True, text=True,
+                              env={**os.environ, "DEFAULT": "fast-h36-f50", "QUESTIONS": questions})
+        assert done.returncode == 0, done.stderr
+        calls = (root / "calls.txt").read_text().splitlines()
+        return [c for c in calls if c.startswith("recipe ")], [c for c in calls if c.startswith("compare ")]
+
+    flops = ["fast-h36-f50-cooldown", "off-cooldown", "scratch-of-fast-h36-f50-cooldown"]
     time = [name + "-time20min-measure" for name in flops]
-    assert [c.split("--output ")[1] for c in recipes] == [
-        f"checkpoints/fast-proof/{name}-s{seed}" for names in (flops, time) for seed in range(5) for name in names]
     kept = "recipes/results/wmt-small-deen-fast-proof"
+    recipes, compares = run("time")
+    assert [c.split("--output ")[1] for c in recipes] == [
+        f"checkpoints/fast-proof/{name}-s{seed}" for seed in range(5) for name in time]
+    assert [c.split("--output ")[1] for c in compares] == ["checkpoints/fast-proof/equal-time"]
+    recipes, compares = run("time flops")  # the equal-time runs are kept: only their comparison, then the FLOPs runs
+    assert [c.split("--output ")[1] for c in recipes] == [
+        f"checkpoints/fast-proof/{name}-s{seed}" for seed in range(5) for name in flops]
     for i, c in enumerate(recipes):
         assert c.startswith("recipe wmt-small-deen-fast " if i % 3 != 1 else "recipe wmt-small-deen "), c
-    assert f"pruning.init_layout={kept}/fast-h36-f50-early-cooldown-time20min-measure-s4/layout.json " in recipes[-1]
-    compares = [c for c in calls if c.startswith("compare ")]
-    assert [c.split("--output ")[1] for c in compares] == ["checkpoints/fast-proof/equal-flops",
-                                                          "checkpoints/fast-proof/equal-time"]
+    assert f"pruning.init_layout={kept}/fast-h36-f50-cooldown-s4/layout.json " in recipes[-1]
+    assert [c.split("--output ")[1] for c in compares] == ["checkpoints/fast-proof/equal-time",
+                                                          "checkpoints/fast-proof/equal-flops"]
     assert len(list((root / kept).iterdir())) == 30
 
 
@@ -630,9 +641,17 @@ def test_fast_study_runs_the_six_arms_fixed_before_it_and_chooses_on_validation_
                         "eval.print_test=false", "train.precision=measure"):
             assert setting in c, (setting, c)
     early, f75_early, f50_early, default, f75, f50 = recipes
-    assert "pruning." not in early.split("train.cooldown")[0]  # the recipe as it is
+    # every arm states its whole schedule: the recipe's default (chosen by this selection) changes none of them
+    for c in recipes:
+        assert all(f"pruning.{key}=" in c for key in ("schedule_steps", "ffn_schedule_steps", "shrink_steps")), c
+    for c in (early, f75_early):
+        assert "pruning.schedule_steps={100: 0.25, 200: 0.5, 300: 0.75}" in c
+        assert "pruning.shrink_steps=[200, 300]" in c
+    assert "pruning.ffn_schedule_steps={100: 0.25, 200: 0.5}" in early
     assert "pruning.ffn_schedule_steps={100: 0.25, 200: 0.5, 300: 0.75}" in f75_early
     assert "pruning.schedule_steps={}" in f50_early and "pruning.shrink_steps=[200]" in f50_early
+    assert "pruning.ffn_schedule_steps={100: 0.25, 200: 0.5}" in f50_early
+    assert "pruning.ffn_schedule_steps={200: 0.25, 300: 0.5}" in default
     for c in (default, f75):
         assert "pruning.schedule_steps={200: 0.25, 300: 0.5, 400: 0.625, 500: 0.75}" in c
         assert "pruning.shrink_steps=[300, 500]" in c
