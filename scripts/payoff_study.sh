@@ -34,9 +34,9 @@
 #   fast-f50-early       50 % of the FFN neurons only (25/50 % at 100/200, shrink at 200), every head kept
 #   fast-h36-f50         the main recipe's timing: heads 25/50/62.5/75 % at 200/300/400/500, neurons 25/50 % at
 #                        200/300, shrinks at 300/500 (chosen by the selection on 2026-11-29: the recipe's default)
-# Every fast arm states its whole schedule, so that a change of the recipe's default changes none of them.
 #   fast-h36-f75         the same with neurons 25/50/75 % at 200/300/400
 #   fast-f50             neurons only, 25/50 % at 200/300, shrink at 300
+# Every fast arm states its whole schedule, so that a change of the recipe's default changes none of them.
 # SCRATCH_FROM (default gradual) names the arm whose final architecture the scratch arm trains; another arm than
 # gradual is kept as scratch-of-ARM-sSEED (SCRATCH_FROM=early: the default's architecture from scratch).
 # COOLDOWN=SHARE runs the arm with the learning-rate cooldown over the last SHARE of the FLOP budget (`train.cooldown`;

@@ -42,31 +42,22 @@ questions=${QUESTIONS:-flops time}
 seeds="0 1 2 3 4"
 source scripts/study_runs.sh "$study"
 
-equal_flops() {
-  local flops=-cooldown seed
+run_question() {  # OUT SUFFIX [VAR=VALUE ...]: the three arms at every seed, then their comparison into OUT
+  local out=$1 suffix=$2 seed
+  shift 2
   for seed in $seeds; do
-    run_arm "$default$flops" "$default" "$seed" COOLDOWN=0.2
-    run_arm "off$flops" off "$seed" COOLDOWN=0.2
-    run_arm "scratch-of-$default$flops" scratch "$seed" COOLDOWN=0.2 SCRATCH_FROM="$default"
+    run_arm "$default$suffix" "$default" "$seed" COOLDOWN=0.2 "$@"
+    run_arm "off$suffix" off "$seed" COOLDOWN=0.2 "$@"
+    run_arm "scratch-of-$default$suffix" scratch "$seed" COOLDOWN=0.2 "$@" SCRATCH_FROM="$default"
   done
-  compare_arms equal-flops "$seeds" -- "$default$flops" "off$flops" "scratch-of-$default$flops"
+  compare_arms "$out" "$seeds" -- "$default$suffix" "off$suffix" "scratch-of-$default$suffix"
 }
 
-equal_time() {
-  local time=-cooldown-time${minutes}min seed
-  [ "$precision" = auto ] || time="$time-$precision"  # as payoff_study.sh names the run
-  for seed in $seeds; do
-    run_arm "$default$time" "$default" "$seed" COOLDOWN=0.2 TIME_MINUTES="$minutes" PRECISION="$precision"
-    run_arm "off$time" off "$seed" COOLDOWN=0.2 TIME_MINUTES="$minutes" PRECISION="$precision"
-    run_arm "scratch-of-$default$time" scratch "$seed" COOLDOWN=0.2 TIME_MINUTES="$minutes" PRECISION="$precision" \
-      SCRATCH_FROM="$default"
-  done
-  compare_arms equal-time "$seeds" -- "$default$time" "off$time" "scratch-of-$default$time"
-}
-
+time=-cooldown-time${minutes}min
+[ "$precision" = auto ] || time="$time-$precision"  # as payoff_study.sh names the run
 for question in $questions; do
   case "$question" in
-    flops) equal_flops ;;
-    time) equal_time ;;
+    flops) run_question equal-flops -cooldown ;;
+    time) run_question equal-time "$time" TIME_MINUTES="$minutes" PRECISION="$precision" ;;
   esac
 done
