@@ -55,6 +55,9 @@
 # one to finish a run, which a guard that fires would cut (a resume may change it).
 # RESUME=1 continues an interrupted run of the arm (`prunetrain recipe --resume`; its minutes then count only the
 # resumed part).
+# REGENERATE=1 trains a kept run again for its model (checkpoints/ is not kept, the repository keeps only results): the
+# run is not kept a second time; scripts/same_run.py checks instead that it is the kept run (steps, FLOPs, layout and
+# every final translation equal) and the script fails (exit 2) when it is not.
 # STUDY=NAME (default study) puts the run in checkpoints/NAME/ and keeps it in recipes/results/wmt-small-deen-NAME/
 # (a scratch arm reads its architecture from there too): a new study's runs never meet an earlier one's of the same
 # name (scripts/proof_study.sh: STUDY=proof).
@@ -83,6 +86,7 @@ if [ -n "${MAX_MINUTES:-}" ]; then
   budget+=(--set "train.max_minutes=$MAX_MINUTES")
 fi
 case "${RESUME:-0}" in 0|1) ;; *) fail "RESUME '${RESUME}' is not 0 or 1" ;; esac
+case "${REGENERATE:-0}" in 0|1) ;; *) fail "REGENERATE '${REGENERATE}' is not 0 or 1" ;; esac
 study=${STUDY:-study}
 [[ "$study" =~ ^[a-z0-9][a-z0-9-]*$ ]] || fail "STUDY '$study' is not a name of lower-case letters, digits and -"
 kept=recipes/results/wmt-small-deen-$study
@@ -136,4 +140,8 @@ resume=(); [ "${RESUME:-0}" = 1 ] && resume=(--resume)
 # eval.print_test=false: the run's log and summary print validation only (its test scores are in its files)
 .venv/bin/prunetrain recipe "$recipe" --set "train.seed=$seed" "${sets[@]}" --set eval.print_test=false \
   --output "$out" "${resume[@]}"
-bash scripts/keep_run.sh "$out" "$kept/$name-s$seed"
+if [ "${REGENERATE:-0}" = 1 ]; then
+  .venv/bin/python scripts/same_run.py "$out" "$kept/$name-s$seed"
+else
+  bash scripts/keep_run.sh "$out" "$kept/$name-s$seed"
+fi

@@ -6,7 +6,9 @@
 # seqkd (checkpoints/seqkd/, kept in recipes/results/wmt-small-deen-seqkd/), one after the other; then
 # `prunetrain compare --validation-only` over the twelve runs (checkpoints/seqkd/selection-s0-s1). Run it alone on the
 # machine; it continues from what is there (scripts/study_runs.sh: kept runs skipped, an interrupted one resumed,
-# `touch checkpoints/seqkd/STOP` or `touch checkpoints/compress-start/STOP` stops it before the next run):
+# `touch checkpoints/seqkd/STOP` or `touch checkpoints/compress-start/STOP` stops it before the next run). A seed's
+# starting model that is kept but gone (checkpoints/ is not kept across machines) is trained again and used only when
+# scripts/same_run.py finds it is the kept run (the same steps, FLOPs, layout and final translations):
 #
 #   bash scripts/seqkd_study.sh
 #
@@ -24,8 +26,25 @@ for seed in "${seeds[@]}"; do
   source scripts/study_runs.sh compress-start
   run_arm off-cooldown off "$seed" COOLDOWN=0.2
   start=checkpoints/compress-start/off-cooldown-s$seed
-  if [ ! -f "$start/full/config.json" ]; then  # kept, but its model is gone (checkpoints/ is not kept)
-    echo "seqkd_study.sh: the starting model of seed $seed ($start/full) is gone though its results are kept; the seed's remaining arms must start from the model its kept arms started from, so move recipes/results/wmt-small-deen-compress-start/off-cooldown-s$seed and recipes/results/wmt-small-deen-seqkd/*-s$seed aside to run the seed again" >&2
+  kept_start=recipes/results/wmt-small-deen-compress-start/off-cooldown-s$seed
+  refuse="the seed's remaining arms must start from the model its kept arms started from, so move $kept_start and recipes/results/wmt-small-deen-seqkd/*-s$seed aside to run the seed again"
+  if [ ! -f "$start/full/config.json" ]; then  # kept, but its model is gone (checkpoints/ is not kept): train it again
+    for stop_file in checkpoints/compress-start/STOP checkpoints/seqkd/STOP; do
+      [ -e "$stop_file" ] && { rm -f "$stop_file"; echo "seqkd: stopped before regenerating $start ($stop_file was there)"; exit 0; }
+    done
+    resume=0
+    compgen -G "$start/checkpoint-*" > /dev/null && resume=1
+    echo "seqkd: the starting model of seed $seed is gone; training it again (resume=$resume) from $(date -u +%FT%TZ)"
+    # used only if it is the kept run (payoff_study.sh REGENERATE=1: scripts/same_run.py)
+    if ! COOLDOWN=0.2 STUDY=compress-start MAX_MINUTES="${MAX_MINUTES:-150}" RESUME=$resume REGENERATE=1 \
+         bash scripts/payoff_study.sh off "$seed"; then
+      [ -f "$start/run_complete.json" ] ||
+        { echo "seqkd_study.sh: training $start again did not finish; run the study again to resume it" >&2; exit 1; }
+      echo "seqkd_study.sh: $start, trained again, is not the starting model kept in $kept_start; $refuse" >&2
+      exit 2
+    fi
+  elif ! .venv/bin/python scripts/same_run.py "$start" "$kept_start"; then
+    echo "seqkd_study.sh: $start is not the starting model kept in $kept_start; $refuse" >&2
     exit 2
   fi
   source scripts/study_runs.sh seqkd compress_study.sh

@@ -190,7 +190,8 @@ def _study_script(tmp_path, script="payoff_study.sh", study="wmt-small-deen-stud
 
     root = tmp_path / "tree"
     (root / "scripts").mkdir(parents=True)
-    for name in dict.fromkeys((script, "payoff_study.sh", "keep_run.sh", "study_args.sh", "study_runs.sh")):
+    for name in dict.fromkeys((script, "payoff_study.sh", "keep_run.sh", "study_args.sh", "study_runs.sh",
+                               "same_run.py")):
         shutil.copy(Path(__file__).resolve().parents[1] / "scripts" / name, root / "scripts")
     fake = root / ".venv" / "bin" / "prunetrain"
     fake.parent.mkdir(parents=True)
@@ -543,10 +544,20 @@ def test_compress_study_sequence_level_arms(tmp_path):
         load_recipe("wmt-small-deen-compress", settings)
 
 
+# RECORDING_PRUNETRAIN, and a recipe run also writes the full model's config and the final validation translation
+# (the line in translation.txt: a run trained again translates as translation.txt says when it ends)
+TRANSLATING_PRUNETRAIN = RECORDING_PRUNETRAIN.replace(
+    'pruned/prunetrain_layout.json; do echo {} > "$out/$f"; done;',
+    'pruned/prunetrain_layout.json; do echo {} > "$out/$f"; done; mkdir -p "$out/full" "$out/final_translations"; '
+    'echo {} > "$out/full/config.json"; printf \'{"hypotheses": ["%s"]}\' "$(cat translation.txt)" '
+    '> "$out/final_translations/valid.json";')
+
+
 def test_seqkd_study_trains_each_seeds_start_then_its_arms_and_chooses_on_validation_only(tmp_path):
     """scripts/seqkd_study.sh: per seed (0, 1) the starting model (a study of its own) and the six sequence-level
     arms from it (study seqkd), then `compare --validation-only` over the twelve; a seed whose arms are all kept
-    needs no starting model; a seed with arms left whose starting model is gone is refused, one line, exit 2."""
+    needs no starting model; a seed with arms left whose starting model is gone trains it again and goes on only when
+    scripts/same_run.py finds it is the kept run (otherwise refused, exit 2, nothing kept or run after it)."""
     import shutil
     import subprocess
     from pathlib import Path
@@ -554,10 +565,8 @@ def test_seqkd_study_trains_each_seeds_start_then_its_arms_and_chooses_on_valida
     root = tmp_path / "tree"
     _study_script(tmp_path, "seqkd_study.sh")
     shutil.copy(Path(__file__).resolve().parents[1] / "scripts" / "compress_study.sh", root / "scripts")
-    (root / ".venv" / "bin" / "prunetrain").write_text(RECORDING_PRUNETRAIN)
-    for seed in (0, 1):  # the recording prunetrain writes no model: the starting models' full/ is put there
-        (root / "checkpoints" / "compress-start" / f"off-cooldown-s{seed}" / "full").mkdir(parents=True)
-        (root / "checkpoints" / "compress-start" / f"off-cooldown-s{seed}" / "full" / "config.json").write_text("{}")
+    (root / ".venv" / "bin" / "prunetrain").write_text(TRANSLATING_PRUNETRAIN)
+    (root / "translation.txt").write_text("A dog runs.")
 
     def run():
         (root / "calls.txt").unlink(missing_ok=True)
@@ -584,15 +593,39 @@ def test_seqkd_study_trains_each_seeds_start_then_its_arms_and_chooses_on_valida
     assert calls[-1] == ("compare " + " ".join(f"recipes/results/wmt-small-deen-seqkd/{arm}-s{seed}" for arm in arms
                                                for seed in (0, 1))
                          + f" --names {names} --validation-only --output checkpoints/seqkd/selection-s0-s1")
-    shutil.rmtree(root / "checkpoints" / "compress-start" / "off-cooldown-s0" / "full")  # gone: not needed
+    start = root / "checkpoints" / "compress-start" / "off-cooldown-s0"
+    kept_start = root / "recipes" / "results" / "wmt-small-deen-compress-start" / "off-cooldown-s0"
+    marker = (kept_start / ".prunetrain-output.json").read_text()
+    shutil.rmtree(root / "checkpoints")  # gone (not kept): no model needed while every arm of every seed is kept
     done, calls = run()
     assert done.returncode == 0 and [c.split()[0] for c in calls] == ["compare"], done.stderr
-    shutil.rmtree(root / "recipes" / "results" / "wmt-small-deen-seqkd" / "seq-s0")  # an arm left, no model
+    shutil.rmtree(root / "recipes" / "results" / "wmt-small-deen-seqkd" / "seq-s0")  # an arm left: trained again
+    done, calls = run()
+    assert done.returncode == 0, done.stderr
+    assert [c.split("--output ")[1] for c in calls if c.startswith("recipe ")] == [
+        "checkpoints/compress-start/off-cooldown-s0", "checkpoints/seqkd/seq-s0"]
+    assert "off-cooldown-s0 is the run kept in" in done.stdout and calls[-1].startswith("compare ")
+    assert (kept_start / ".prunetrain-output.json").read_text() == marker  # checked, not kept again
+    # trained again, it translates differently: not the model the kept arms started from, so no arm runs
+    shutil.rmtree(root / "checkpoints")
+    shutil.rmtree(root / "recipes" / "results" / "wmt-small-deen-seqkd" / "seq-s0")
+    (root / "translation.txt").write_text("A cat runs.")
+    done, calls = run()
+    assert done.returncode == 2 and [c.split("--output ")[1] for c in calls] == [
+        "checkpoints/compress-start/off-cooldown-s0"], done.stderr
+    first, last = done.stderr.splitlines()
+    assert first.startswith("same_run.py: checkpoints/compress-start/off-cooldown-s0 is not the run kept in ") and \
+        first.endswith("valid.json: 1 of 1 translations differ"), first
+    assert last.startswith("seqkd_study.sh: checkpoints/compress-start/off-cooldown-s0, trained again, is not the "
+                           "starting model kept in ") and "aside to run the seed again" in last, last
+    assert not (root / "recipes" / "results" / "wmt-small-deen-seqkd" / "seq-s0").exists()
+    # a present model that is not the kept one is refused too
     done, calls = run()
     assert done.returncode == 2 and calls == [], done.stderr
-    assert done.stderr.startswith("seqkd_study.sh: the starting model of seed 0 (checkpoints/compress-start/"
-                                  "off-cooldown-s0/full) is gone though its results are kept") and \
-        done.stderr.count("\n") == 1, done.stderr
+    first, last = done.stderr.splitlines()
+    assert first.endswith("valid.json: 1 of 1 translations differ"), first
+    assert last.startswith("seqkd_study.sh: checkpoints/compress-start/off-cooldown-s0 is not the starting model "
+                           "kept in ") and "aside to run the seed again" in last, last
 
 
 def test_a_study_refuses_to_time_a_run_on_another_machine_than_its_kept_runs(tmp_path):
@@ -666,3 +699,46 @@ def test_fast_study_runs_the_six_arms_fixed_before_it_and_chooses_on_validation_
     for c in recipes:
         sets = c.split(" --set ")[1:]
         load_recipe("wmt-small-deen-fast", [s.split(" --output")[0] for s in sets])
+
+
+def test_same_run_compares_steps_flops_layout_and_every_kept_translation(tmp_path):
+    """scripts/same_run.py: a run trained again is the kept run only when its steps, FLOPs, heads, parameters, final
+    layout and the translations of every split the kept run has are equal; each difference is named (no score)."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    script = Path(__file__).resolve().parents[1] / "scripts" / "same_run.py"
+    run, kept = tmp_path / "run", tmp_path / "kept"
+    results = {"steps": 1800, "train_flops": 1.78e14, "heads_kept": 144, "parameters_final": 13369344,
+               "final_scores": {"valid": {"bleu": 37.3}}, "train_minutes": 61.0}
+    for directory, layout in ((run / "full", "prunetrain_layout.json"), (kept, "layout.json")):
+        (directory / layout).parent.mkdir(parents=True, exist_ok=True)
+        (directory / layout).write_text(json.dumps({"heads": [8, 8]}))
+    for directory in (run, kept):
+        (directory / "final_translations").mkdir(parents=True)
+        for split in ("valid", "test"):
+            (directory / "final_translations" / f"{split}.json").write_text(
+                json.dumps({"bleu": 30.0, "hypotheses": ["A dog runs.", "Two men."]}))
+    (run / "results.json").write_text(json.dumps(results))
+    (kept / "results.json").write_text(json.dumps({**results, "train_minutes": 65.0}))  # timings differ
+
+    def check():
+        done = subprocess.run([sys.executable, str(script), str(run), str(kept)], capture_output=True, text=True)
+        return done.returncode, done.stdout + done.stderr
+
+    code, out = check()
+    assert code == 0 and "(steps, FLOPs, layout and 2 splits' translations equal)" in out, out
+    (run / "results.json").write_text(json.dumps({**results, "steps": 1799}))
+    (run / "full" / "prunetrain_layout.json").write_text(json.dumps({"heads": [8, 7]}))
+    (run / "final_translations" / "test.json").write_text(json.dumps({"hypotheses": ["A dog runs.", "Two man."]}))
+    (run / "final_translations" / "valid.json").unlink()
+    code, out = check()
+    assert code == 2 and out.count("\n") == 1, out
+    for part in ("results.json 'steps' is 1799, the kept run's is 1800", "the final layout differs",
+                 "test.json: 1 of 2 translations differ", f"{run}/final_translations/valid.json is missing"):
+        assert part in out, out
+    assert "30.0" not in out and "37.3" not in out
+    (kept / "results.json").unlink()
+    code, out = check()
+    assert code == 2 and out == f"same_run.py: KEEP_DIR '{kept}' holds no results.json\n", out
