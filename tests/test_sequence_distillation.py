@@ -14,7 +14,8 @@ import torch
 from conftest import run_cli
 from prunetrain.bench.flops import flop_counter
 from prunetrain.mt.evaluation.translation import translate
-from prunetrain.mt.text.sequence_distillation import distilled_pairs, distilled_targets, teacher_digest
+from prunetrain.mt.text.sequence_distillation import (distilled_pairs, distilled_targets, length_ratio_outlier,
+                                                      teacher_digest)
 from test_ctranslate2 import _marian, train_briefly
 
 SOURCES = 60
@@ -145,9 +146,22 @@ def test_distilled_pairs_and_the_refusals(teacher, m30k_tokenizer, sources, tmp_
     assert distilled_pairs(pairs, ["x", "y"]) == [("a", "x"), ("b", "y")]
     assert distilled_pairs(pairs, ["x", "y"], "both") == [("a", "A"), ("b", "B"), ("a", "x"), ("b", "y")]
     assert distilled_pairs(pairs, ["x", "y"], "references") == pairs
+    # the length-ratio filter: the teacher's pairs out of proportion to their sources go, the references stay
+    sentences = [("ein Hund", "a dog"), ("zwei Männer laufen", "two men run"), ("ein Mann", "a man")]
+    looped = ["a dog", "two men " * 6, ""]  # 12 words for 3 (ratio 4); an empty output is always out of proportion
+    assert length_ratio_outlier("zwei Männer laufen", looped[1], 3.9) and not length_ratio_outlier(
+        "zwei Männer laufen", looped[1], 4.0)
+    assert distilled_pairs(sentences, looped, "teacher", max_length_ratio=3.0) == [("ein Hund", "a dog")]
+    assert distilled_pairs(sentences, looped, "teacher", max_length_ratio=4.0) == [
+        ("ein Hund", "a dog"), ("zwei Männer laufen", looped[1])]
+    assert length_ratio_outlier("", "a", 1.0) is False and length_ratio_outlier("Hund", "", 100.0) is True
+    assert distilled_pairs(sentences, looped, "both", max_length_ratio=3.0) == [*sentences, ("ein Hund", "a dog")]
+    assert len(distilled_pairs(sentences, looped, "teacher")) == 3  # None: every translation
     cases = [
         (lambda: distilled_pairs(pairs, ["x"]), r"^translations: 1 translations for 2 pairs"),
         (lambda: distilled_pairs(pairs, ["x", "y"], "teachers"), r"^targets: 'teachers'"),
+        (lambda: distilled_pairs(pairs, ["x", "y"], max_length_ratio=0.5), r"^max_length_ratio: 0.5 is not allowed"),
+        (lambda: distilled_pairs(pairs, ["x", "y"], max_length_ratio=True), r"^max_length_ratio: True"),
         (lambda: distilled_targets(teacher, m30k_tokenizer, sources, tmp_path, num_beams=0), r"^num_beams: 0 "),
         (lambda: distilled_targets(teacher, m30k_tokenizer, sources, tmp_path, num_beams=True), r"^num_beams: True"),
         (lambda: distilled_targets(teacher, m30k_tokenizer, sources, tmp_path, engine="fairseq"), r"^engine: 'fairseq'"),
@@ -180,6 +194,12 @@ def test_the_recipe_refuses_sequence_level_distillation_without_a_teacher():
                                 ("beams", "0", r"^distill.beams: 0"), ("engine", "fairseq", r"^distill.engine: ")):
         with pytest.raises(ValueError, match=message):
             load_recipe("wmt-small-deen-compress", [f"distill.{key}={value}"])
+    with pytest.raises(ValueError, match=r"^distill.max_length_ratio: 0.5 is not allowed; expected a finite number "
+                                         r"in \[1, inf\)\.$"):
+        load_recipe("wmt-small-deen-compress", ["distill.targets=teacher", "distill.max_length_ratio=0.5"])
+    with pytest.raises(ValueError, match=r"^distill.max_length_ratio: 3.0 filters the teacher's translations, which "
+                                         r"distill.targets='references' does not train on; set distill.targets"):
+        load_recipe("wmt-small-deen-compress", ["distill.max_length_ratio=3.0"])
     load_recipe("wmt-small-deen-compress", ["distill.targets=teacher", "distill.alpha=0"])  # seq-KD alone
     load_recipe("wmt-small-deen", ["distill.targets=both", "distill.teacher=x"])  # a trained teacher, no KL
 
@@ -197,14 +217,15 @@ def test_the_compress_recipe_trains_on_the_teachers_translations(full_smoke_run,
     out = tmp_path / "run"
     result = run_cli("recipe", "wmt-small-deen-compress", "--smoke", "--set", f"model.init_from={source}",
                      "--set", "distill.targets=both", "--set", "distill.alpha=0", "--set", "distill.beams=2",
-                     "--set", "eval.bench=false", "--data-dir", multi30k_dir, "--output", out)
+                     "--set", "distill.max_length_ratio=1.5", "--set", "eval.bench=false", "--data-dir", multi30k_dir,
+                     "--output", out)
     assert result.returncode == 0, result.stderr[-4000:]
     results = json.loads((out / "results.json").read_text())
     seq = results["sequence_distillation"]
     assert (seq["targets"], seq["engine"], seq["num_beams"], seq["sentences"]) == ("both", "ctranslate2", 2, 1000)
     assert seq["translated_now"] == 1000 and isinstance(seq["seconds"], float) and seq["generation_flops_estimate"] > 0
     assert "distillation" not in results  # no word-level term (alpha 0)
-    assert seq["training_pairs"] == 2000 and "the run trains on the references and its translations" in result.stderr
+    assert "the run trains on the references and its translations (" in result.stderr
     report = (out / "report.md").read_text()
     assert "## Sequence-level distillation" in report and "the references and the teacher's translations" in report
     teacher = load_translation_model(source / "full")
@@ -213,3 +234,9 @@ def test_the_compress_recipe_trains_on_the_teachers_translations(full_smoke_run,
     again = distilled_targets(teacher, tokenizer, sources, out / "prunetrain" / "teacher_translations",
                               num_beams=2, engine="ctranslate2")
     assert again.record["key"] == seq["key"] and again.record["read_back"] == 1000
+    # distill.max_length_ratio=1.5: the translations out of proportion to their sources were left out, the
+    # references kept (the smoke model's translations are far from its sources' lengths: some go, some stay)
+    outliers = sum(length_ratio_outlier(s, t, 1.5) for s, t in zip(sources, again.translations))
+    assert 0 < outliers < 1000 and seq["left_out_by_length_ratio"] == outliers, (outliers, seq)
+    assert seq["training_pairs"] == 2000 - outliers and seq["max_length_ratio"] == 1.5
+    assert f"{outliers} of them were left out for a length out of proportion" in report

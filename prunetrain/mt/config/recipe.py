@@ -281,6 +281,8 @@ class DistillConfig:
     beams: int = 4  # the teacher's beam size
     engine: str = "ctranslate2"  # the teacher translates in CTranslate2 (float32, checked) or "transformers"
     translations_dir: str = ""  # "": kept in the run directory; a shared directory lets runs reuse them (keyed)
+    max_length_ratio: float = 0.0  # 0: every translation; r ≥ 1: a translation with more than r times its source's
+    # words, or fewer than 1/r of them, is left out of the training pairs (repetition loops, empty outputs)
 
     def __post_init__(self):
         _check_number("distill.alpha", self.alpha, 0.0, 1.0)
@@ -289,6 +291,12 @@ class DistillConfig:
         check_choice("distill.targets", self.targets, SEQUENCE_TARGETS)
         check_int("distill.beams", self.beams)
         check_choice("distill.engine", self.engine, TEACHER_ENGINES)
+        if self.max_length_ratio != 0:
+            _check_number("distill.max_length_ratio", self.max_length_ratio, 1.0)
+            if not self.sequence_level:
+                raise ValueError(f"distill.max_length_ratio: {self.max_length_ratio!r} filters the teacher's "
+                                 f"translations, which distill.targets='references' does not train on; set "
+                                 f"distill.targets to teacher or both, or the ratio to 0.")
         if not isinstance(self.translations_dir, str):
             raise ValueError(f"distill.translations_dir: {self.translations_dir!r} is not a path; give a directory "
                              f"or \"\" for the run directory.")

@@ -91,6 +91,10 @@ def _sequence_distillation_lines(results: dict) -> list[str]:
         cost += f", about {flops:.3g} FLOPs (an estimate: each beam priced as a forward of its output)"
         cost += f"; the student's training FLOPs: {student:.4g}" if student else ""
     empty = f" {made['empty']} of its {made['sentences']} translations are empty." if made["empty"] else ""
+    if made.get("max_length_ratio"):
+        empty += (f" {made['left_out_by_length_ratio']} of them were left out for a length out of proportion to their "
+                  f"source's (more than {made['max_length_ratio']:g} times its words or fewer than 1/"
+                  f"{made['max_length_ratio']:g}: `distill.max_length_ratio`).")
     return ["## Sequence-level distillation", "",
             f"Trained on {trained_on} (Kim & Rush 2016); the teacher: `{made['teacher']}`. {cost}; not part of the "
             f"training budget.{empty} Translations kept in `{made['directory']}` (key {made['key']}).", ""]

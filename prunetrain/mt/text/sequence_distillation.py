@@ -47,12 +47,12 @@ import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal, Sequence
+from typing import Annotated, Literal, Sequence
 
 import torch
 from torch import nn
 
-from prunetrain.utils.door import PositiveInt, checked
+from prunetrain.utils.door import Bounds, PositiveInt, checked
 from prunetrain.utils.validate import check_sentences
 
 ENGINES = ("transformers", "ctranslate2")
@@ -183,16 +183,30 @@ def distilled_targets(teacher: nn.Module, tokenizer, sources: Sequence[str], cac
         "seconds": seconds, "generation_flops_estimate": flops})
 
 
+def length_ratio_outlier(source: str, translation: str, max_length_ratio: float) -> bool:
+    """Whether a translation's length is out of proportion to its source's: more than `max_length_ratio` times its
+    words, or fewer than 1/`max_length_ratio` of them (the ratio filter of parallel-corpus cleaning, as in Moses'
+    `clean-corpus-n.perl`; words split on white space, an empty source counted as one word, so an empty translation
+    is always out of proportion). It catches the repetition loops of beam search ("a man a man a man …") and empty
+    or truncated outputs."""
+    ratio = len(translation.split()) / max(len(source.split()), 1)
+    return ratio > max_length_ratio or ratio < 1 / max_length_ratio
+
+
 @checked
 def distilled_pairs(pairs: Sequence[tuple[str, str]], translations: Sequence[str],
-                    targets: Literal["references", "teacher", "both"] = "teacher") -> list[tuple[str, str]]:
+                    targets: Literal["references", "teacher", "both"] = "teacher",
+                    max_length_ratio: Annotated[float, Bounds(minimum=1)] | None = None) -> list[tuple[str, str]]:
     """The training pairs of sequence-level distillation: `"teacher"` (source, teacher's translation) for each pair;
     `"both"` the references and then those (Kim & Rush's Seq-Inter uses the teacher's only; the union keeps the
-    references' words); `"references"` the pairs as they are."""
+    references' words); `"references"` the pairs as they are. `max_length_ratio` (None: keep all) leaves out each
+    teacher's pair whose translation is out of proportion to its source (`length_ratio_outlier`); the references
+    are never filtered."""
     if len(translations) != len(pairs):
         raise ValueError(f"translations: {len(translations)} translations for {len(pairs)} pairs; give the "
                          f"teacher's translation of every source, in order.")
-    taught = [(source, translation) for (source, _), translation in zip(pairs, translations)]
+    taught = [(source, translation) for (source, _), translation in zip(pairs, translations)
+              if max_length_ratio is None or not length_ratio_outlier(source, translation, max_length_ratio)]
     return {"references": list(pairs), "teacher": taught, "both": [*pairs, *taught]}[targets]
 
 
@@ -345,5 +359,5 @@ class _Translator:
             self._ct2_dir = None
 
 
-__all__ = ["DistilledTargets", "ENGINES", "TARGETS", "distilled_pairs", "distilled_targets", "sources_digest",
-           "teacher_digest", "tokenizer_digest"]
+__all__ = ["DistilledTargets", "ENGINES", "TARGETS", "distilled_pairs", "distilled_targets", "length_ratio_outlier",
+           "sources_digest", "teacher_digest", "tokenizer_digest"]
