@@ -32,14 +32,26 @@ for seed in "${seeds[@]}"; do
     for stop_file in checkpoints/compress-start/STOP checkpoints/seqkd/STOP; do
       [ -e "$stop_file" ] && { rm -f "$stop_file"; echo "seqkd: stopped before regenerating $start ($stop_file was there)"; exit 0; }
     done
-    resume=0
-    compgen -G "$start/checkpoint-*" > /dev/null && resume=1
-    echo "seqkd: the starting model of seed $seed is gone; training it again (resume=$resume) from $(date -u +%FT%TZ)"
-    # used only if it is the kept run (payoff_study.sh REGENERATE=1: scripts/same_run.py)
-    if ! COOLDOWN=0.2 STUDY=compress-start MAX_MINUTES="${MAX_MINUTES:-150}" RESUME=$resume REGENERATE=1 \
-         bash scripts/payoff_study.sh off "$seed"; then
+    # first without the measurements the kept run recorded (REGENERATE=lean, about 25 min), then, if that is not the
+    # kept run, with every one of them (REGENERATE=1, as the kept run was made); each is used only if it is the kept
+    # run (payoff_study.sh: scripts/same_run.py)
+    ways=(lean 1)
+    compgen -G "$start.lean-*" > /dev/null && ways=(1)  # lean was tried already: it is set aside
+    regenerated=0
+    for way in "${ways[@]}"; do
+      resume=0
+      compgen -G "$start/checkpoint-*" > /dev/null && resume=1
+      echo "seqkd: the starting model of seed $seed is gone; training it again (REGENERATE=$way, resume=$resume) from $(date -u +%FT%TZ)"
+      if COOLDOWN=0.2 STUDY=compress-start MAX_MINUTES="${MAX_MINUTES:-150}" RESUME=$resume REGENERATE=$way \
+           bash scripts/payoff_study.sh off "$seed"; then
+        regenerated=1
+        break
+      fi
       [ -f "$start/run_complete.json" ] ||
         { echo "seqkd_study.sh: training $start again did not finish; run the study again to resume it" >&2; exit 1; }
+      if [ "$way" = lean ]; then mv "$start" "$start.lean-$(date -u +%Y%m%dT%H%M%S)"; fi
+    done
+    if [ "$regenerated" = 0 ]; then
       echo "seqkd_study.sh: $start, trained again, is not the starting model kept in $kept_start; $refuse" >&2
       exit 2
     fi

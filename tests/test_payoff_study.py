@@ -249,6 +249,7 @@ def test_payoff_study_names_a_run_without_cooldown_as_such_and_refuses_extra_arg
         (["off", "1"], {"COOLDOWN": "none"}, "COOLDOWN 'none' is not a share of the FLOP budget"),
         (["off", "1"], {"COOLDOWN": "-0.2"}, "COOLDOWN '-0.2' is not a share of the FLOP budget"),
         (["off", "1"], {"RESUME": "yes"}, "RESUME 'yes' is not 0 or 1"),
+        (["off", "1"], {"REGENERATE": "yes"}, "REGENERATE 'yes' is not 0, 1 or lean"),
         (["off", "1"], {"MAX_MINUTES": "1.5"}, "MAX_MINUTES '1.5' is not a positive whole number of minutes"),
         (["sideways", "1"], {}, "unknown arm 'sideways'"),
     ]:
@@ -544,20 +545,22 @@ def test_compress_study_sequence_level_arms(tmp_path):
         load_recipe("wmt-small-deen-compress", settings)
 
 
-# RECORDING_PRUNETRAIN, and a recipe run also writes the full model's config and the final validation translation
-# (the line in translation.txt: a run trained again translates as translation.txt says when it ends)
+# RECORDING_PRUNETRAIN, and a recipe run also writes the full model's config and the final validation translation:
+# the line in translation.txt (a run trained again translates as translation.txt says when it ends), or in lean.txt
+# when there is one and the run has no benchmark (REGENERATE=lean)
 TRANSLATING_PRUNETRAIN = RECORDING_PRUNETRAIN.replace(
     'pruned/prunetrain_layout.json; do echo {} > "$out/$f"; done;',
     'pruned/prunetrain_layout.json; do echo {} > "$out/$f"; done; mkdir -p "$out/full" "$out/final_translations"; '
-    'echo {} > "$out/full/config.json"; printf \'{"hypotheses": ["%s"]}\' "$(cat translation.txt)" '
-    '> "$out/final_translations/valid.json";')
+    'echo {} > "$out/full/config.json"; said=translation.txt; [[ -f lean.txt && " $* " == *" eval.bench=false "* ]] '
+    '&& said=lean.txt; printf \'{"hypotheses": ["%s"]}\' "$(cat $said)" > "$out/final_translations/valid.json";')
 
 
 def test_seqkd_study_trains_each_seeds_start_then_its_arms_and_chooses_on_validation_only(tmp_path):
     """scripts/seqkd_study.sh: per seed (0, 1) the starting model (a study of its own) and the six sequence-level
     arms from it (study seqkd), then `compare --validation-only` over the twelve; a seed whose arms are all kept
-    needs no starting model; a seed with arms left whose starting model is gone trains it again and goes on only when
-    scripts/same_run.py finds it is the kept run (otherwise refused, exit 2, nothing kept or run after it)."""
+    needs no starting model; a seed with arms left whose starting model is gone trains it again, first without the
+    measurements (REGENERATE=lean), then with them, and goes on only when scripts/same_run.py finds it is the kept run
+    (otherwise refused, exit 2, nothing kept or run after it)."""
     import shutil
     import subprocess
     from pathlib import Path
@@ -599,23 +602,35 @@ def test_seqkd_study_trains_each_seeds_start_then_its_arms_and_chooses_on_valida
     shutil.rmtree(root / "checkpoints")  # gone (not kept): no model needed while every arm of every seed is kept
     done, calls = run()
     assert done.returncode == 0 and [c.split()[0] for c in calls] == ["compare"], done.stderr
+    lean = ("pruning.curve_steps=[] ", "eval.test_flops=[] ", "eval.test_times=[] ", "eval.bench=false ")
+    outputs = lambda calls: [c.split("--output ")[1] for c in calls if c.startswith("recipe ")]  # noqa: E731
     shutil.rmtree(root / "recipes" / "results" / "wmt-small-deen-seqkd" / "seq-s0")  # an arm left: trained again
-    done, calls = run()
+    done, calls = run()  # without the measurements, and it is the kept run: used
     assert done.returncode == 0, done.stderr
-    assert [c.split("--output ")[1] for c in calls if c.startswith("recipe ")] == [
-        "checkpoints/compress-start/off-cooldown-s0", "checkpoints/seqkd/seq-s0"]
+    assert outputs(calls) == ["checkpoints/compress-start/off-cooldown-s0", "checkpoints/seqkd/seq-s0"]
+    assert all(setting in calls[0] for setting in lean) and "train.seed=0 " in calls[0], calls[0]
     assert "off-cooldown-s0 is the run kept in" in done.stdout and calls[-1].startswith("compare ")
     assert (kept_start / ".prunetrain-output.json").read_text() == marker  # checked, not kept again
-    # trained again, it translates differently: not the model the kept arms started from, so no arm runs
+    # without the measurements it is not the kept run: set aside, trained again with them, which is
+    shutil.rmtree(root / "checkpoints")
+    shutil.rmtree(root / "recipes" / "results" / "wmt-small-deen-seqkd" / "seq-s0")
+    (root / "lean.txt").write_text("A cat runs.")
+    done, calls = run()
+    assert done.returncode == 0, done.stderr
+    assert outputs(calls) == ["checkpoints/compress-start/off-cooldown-s0"] * 2 + ["checkpoints/seqkd/seq-s0"]
+    assert all(s in calls[0] for s in lean) and not any(s in calls[1] for s in lean), calls[:2]
+    names = sorted(p.name for p in (root / "checkpoints" / "compress-start").iterdir())
+    assert len(names) == 2 and names[0] == "off-cooldown-s0" and names[1].startswith("off-cooldown-s0.lean-20"), names
+    # trained again, it translates differently either way: not the model the kept arms started from, so no arm runs
     shutil.rmtree(root / "checkpoints")
     shutil.rmtree(root / "recipes" / "results" / "wmt-small-deen-seqkd" / "seq-s0")
     (root / "translation.txt").write_text("A cat runs.")
     done, calls = run()
-    assert done.returncode == 2 and [c.split("--output ")[1] for c in calls] == [
-        "checkpoints/compress-start/off-cooldown-s0"], done.stderr
-    first, last = done.stderr.splitlines()
-    assert first.startswith("same_run.py: checkpoints/compress-start/off-cooldown-s0 is not the run kept in ") and \
-        first.endswith("valid.json: 1 of 1 translations differ"), first
+    assert done.returncode == 2 and outputs(calls) == ["checkpoints/compress-start/off-cooldown-s0"] * 2, done.stderr
+    *checks, last = done.stderr.splitlines()
+    assert len(checks) == 2 and all(line.startswith("same_run.py: checkpoints/compress-start/off-cooldown-s0 is not "
+                                                    "the run kept in ") and
+                                    line.endswith("valid.json: 1 of 1 translations differ") for line in checks), checks
     assert last.startswith("seqkd_study.sh: checkpoints/compress-start/off-cooldown-s0, trained again, is not the "
                            "starting model kept in ") and "aside to run the seed again" in last, last
     assert not (root / "recipes" / "results" / "wmt-small-deen-seqkd" / "seq-s0").exists()
