@@ -32,9 +32,9 @@ for seed in "${seeds[@]}"; do
     for stop_file in checkpoints/compress-start/STOP checkpoints/seqkd/STOP; do
       [ -e "$stop_file" ] && { rm -f "$stop_file"; echo "seqkd: stopped before regenerating $start ($stop_file was there)"; exit 0; }
     done
-    # first without the measurements the kept run recorded (REGENERATE=lean, about 25 min), then, if that is not the
-    # kept run, with every one of them (REGENERATE=1, as the kept run was made); each is used only if it is the kept
-    # run (payoff_study.sh: scripts/same_run.py)
+    # first without the measurements the kept run recorded (REGENERATE=lean: its steps and final scores), then, if
+    # that is not the kept run, with every one of them (REGENERATE=1, as the kept run was made); each is used only if
+    # it is the kept run (payoff_study.sh: scripts/same_run.py)
     ways=(lean 1)
     compgen -G "$start.lean-*" > /dev/null && ways=(1)  # lean was tried already: it is set aside
     regenerated=0
