@@ -206,10 +206,26 @@ def load_pruned(
         kind, keys = next(iter(problems.items()))
         raise ValueError(f"path: {str(path)!r} does not fit its recorded layout ({kind.replace('_', ' ')}: "
                          f"{sorted(map(str, keys))[:3]}).")
+    _own_aligned_storage(model)
     apply_saved_masks(model, saved_masks, masks)
     if device is not None:
         model.to(device)
     return model.eval()
+
+
+ALIGNMENT = 64  # bytes: PyTorch's CPU allocator aligns every tensor it allocates to 64 bytes (one AVX-512 vector)
+
+
+def _own_aligned_storage(model: nn.Module) -> None:
+    """Give every parameter and buffer read from the safetensors file memory of its own, aligned as PyTorch aligns
+    what it allocates. The loader's tensors may be views into the memory-mapped file at any 8-byte offset, and CPU
+    kernels take other code paths on unaligned data: on a 2-core AMD EPYC (AVX-512) a shrunk Qwen2 reloaded from its
+    save computed 1.5e-8 away from the model that was saved, with every tensor equal, until its tensors were copied.
+    A copy of each unaligned tensor makes the loaded model compute bit-identically to the one saved."""
+    for module in model.modules():
+        for name, tensor in [*module.named_parameters(recurse=False), *module.named_buffers(recurse=False)]:
+            if tensor is not None and tensor.device.type == "cpu" and tensor.data_ptr() % ALIGNMENT:
+                tensor.data = tensor.data.clone()
 
 
 MASK_CHOICES = ("attach", "shrink")
