@@ -46,10 +46,11 @@
 #   seq-greedy       as seq with the teacher's greedy translations (beam 1: a third of beam 4's generation FLOPs)
 #   seq-word-ffn50   seq-word with half of the FFN neurons pruned too (25 % at step 60, 50 % at 120; removed at
 #                    60/120): heads and FFN
-#   scratch-seq      the final architecture of SCRATCH_FROM (default seq-word; the proof names the chosen arm), same
-#                    seed, freshly initialised and trained on the same teacher translations with that arm's
-#                    word-level setting and beams, the main recipe's from-scratch optimiser (as scratch-distill), for
-#                    the recipe's student FLOPs; kept as scratch-seq-of-ARM-sSEED
+#   scratch          the final architecture of the kept run SCRATCH_FROM (one of the arms above, or one at another
+#                    learning rate such as word-lr8e-4; default seq-word), same seed, freshly initialised and trained
+#                    on what that arm trains on (the teacher's translations with its beams, or the references) with
+#                    its word-level setting, the main recipe's from-scratch optimiser (as scratch-distill), for the
+#                    recipe's student FLOPs; kept as scratch-of-SCRATCH_FROM-sSEED
 # LEARNING_RATE=X (e.g. 2e-4, 8e-4) runs an arm at another learning rate, kept as ARM-lrX-sSEED (the plan's second
 # stage: the chosen arm at 2e-4 and 8e-4).
 # MAX_MINUTES=M sets the wall-time guard train.max_minutes (a slower machine needs more); RESUME=1 continues an
@@ -88,30 +89,30 @@ case "$arm" in
   seq-greedy) sets+=("${sequence_level[@]}" --set distill.alpha=0 --set distill.beams=1); learning_rate=0.0004 ;;
   seq-word-ffn50) sets+=("${sequence_level[@]}" --set 'pruning.ffn_schedule_steps={60: 0.25, 120: 0.5}')
                   learning_rate=0.0004 ;;
-  scratch-seq) from=${SCRATCH_FROM:-seq-word}
-               case "$from" in seq|seq-word|both-word|seq-greedy|seq-word-ffn50) ;;
-                 *) fail "SCRATCH_FROM '$from' is not a sequence-level arm (seq, seq-word, both-word, seq-greedy, seq-word-ffn50)" ;;
-               esac
-               sets=(--set model.init_from= --set "distill.teacher=$start"
-                     --set "pruning.init_layout=$kept/$from-s$seed/layout.json"
-                     --set 'pruning.schedule_steps={}' --set 'pruning.ffn_schedule_steps={}' --set 'pruning.shrink_steps=[]'
-                     --set 'pruning.curve_steps=[]' --set train.warmup_steps=400 --set train.scheduler=inverse_sqrt
-                     --set distill.targets=teacher "${translations[@]}")
-               case "$from" in
-                 both-word) sets+=(--set distill.targets=both) ;;
-                 seq) sets+=(--set distill.alpha=0) ;;
-                 seq-greedy) sets+=(--set distill.alpha=0 --set distill.beams=1) ;;
-               esac
-               learning_rate=0.0007 ;;
+  scratch) from=${SCRATCH_FROM:-seq-word}
+           [[ "$from" =~ ^(word|seq|seq-word|both-word|seq-greedy|seq-word-ffn50)(-lr[0-9]+(\.[0-9]+)?(e-?[0-9]+)?)?$ ]] ||
+             fail "SCRATCH_FROM '$from' is not a kept run of a sequence-level study arm (word, seq, seq-word, both-word, seq-greedy, seq-word-ffn50, each possibly at a learning rate: word-lr8e-4)"
+           from_arm=${BASH_REMATCH[1]}
+           sets=(--set model.init_from= --set "distill.teacher=$start"
+                 --set "pruning.init_layout=$kept/$from-s$seed/layout.json"
+                 --set 'pruning.schedule_steps={}' --set 'pruning.ffn_schedule_steps={}' --set 'pruning.shrink_steps=[]'
+                 --set 'pruning.curve_steps=[]' --set train.warmup_steps=400 --set train.scheduler=inverse_sqrt)
+           case "$from_arm" in
+             seq-word|seq-word-ffn50) sets+=("${sequence_level[@]}") ;;
+             both-word) sets+=(--set distill.targets=both "${translations[@]}") ;;
+             seq) sets+=("${sequence_level[@]}" --set distill.alpha=0) ;;
+             seq-greedy) sets+=("${sequence_level[@]}" --set distill.alpha=0 --set distill.beams=1) ;;
+           esac
+           learning_rate=0.0007 ;;
   scratch-distill) sets=(--set model.init_from= --set "distill.teacher=$start"
                          --set "pruning.init_layout=$kept/distill-s$seed/layout.json"
                          --set 'pruning.schedule_steps={}' --set 'pruning.shrink_steps=[]' --set 'pruning.curve_steps=[]'
                          --set train.warmup_steps=400 --set train.scheduler=inverse_sqrt)
                    learning_rate=0.0007 ;;
-  *) fail "unknown arm '$arm' (distill, plain, at-once-distill, at-once, scratch-distill, tune-lr1e-4, tune-lr4e-4, tune-alpha0.9, tune-temp1, tune-hidden1, tune-prune-by-90, word, seq, seq-word, both-word, seq-greedy, seq-word-ffn50, scratch-seq)" ;;
+  *) fail "unknown arm '$arm' (distill, plain, at-once-distill, at-once, scratch-distill, tune-lr1e-4, tune-lr4e-4, tune-alpha0.9, tune-temp1, tune-hidden1, tune-prune-by-90, word, seq, seq-word, both-word, seq-greedy, seq-word-ffn50, scratch)" ;;
 esac
 name=$arm
-[ "$arm" = scratch-seq ] && name="scratch-seq-of-$from"
+[ "$arm" = scratch ] && name="scratch-of-$from"
 if [ -n "${LEARNING_RATE:-}" ]; then
   [[ "$LEARNING_RATE" =~ ^[0-9]+(\.[0-9]+)?(e-?[0-9]+)?$ ]] && awk -v x="$LEARNING_RATE" 'BEGIN { exit !(x > 0) }' ||
     fail "LEARNING_RATE '$LEARNING_RATE' is not a positive number (such as 2e-4)"

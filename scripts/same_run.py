@@ -21,6 +21,11 @@ def _json(path: Path) -> dict:
     return json.loads(path.read_text(encoding="utf-8"))
 
 
+def kept_splits(kept: Path) -> list[str]:
+    """The splits whose final translations the run kept in ``kept`` recorded (file names, sorted)."""
+    return sorted(path.name for path in (kept / "final_translations").glob("*.json"))
+
+
 def differences(run: Path, kept: Path) -> list[str]:
     """What differs between the finished run in ``run`` and the run kept in ``kept`` (empty: the same run)."""
     found = []
@@ -32,7 +37,7 @@ def differences(run: Path, kept: Path) -> list[str]:
                    if (run / model / "prunetrain_layout.json").is_file()), None)
     if (kept / "layout.json").is_file() and (layout is None or _json(layout) != _json(kept / "layout.json")):
         found.append("the final layout differs from the kept layout.json")
-    splits = sorted(path.name for path in (kept / "final_translations").glob("*.json"))
+    splits = kept_splits(kept)
     if not splits:
         found.append(f"{kept}/final_translations holds no translations to compare")
     for split in splits:
@@ -61,8 +66,8 @@ def main(argv: list[str]) -> int:
     if found:
         print(f"same_run.py: {run} is not the run kept in {kept}: " + "; ".join(found), file=sys.stderr)
         return 2
-    splits = len(list((kept / "final_translations").glob("*.json")))
-    print(f"same_run.py: {run} is the run kept in {kept} (steps, FLOPs, layout and {splits} splits' translations equal)")
+    print(f"same_run.py: {run} is the run kept in {kept} (steps, FLOPs, layout and {len(kept_splits(kept))} splits' "
+          "translations equal)")
     return 0
 
 

@@ -9,6 +9,11 @@
 #                                                 `prunetrain compare` over the kept runs NAME-sSEED (every name with
 #                                                 every seed, in that order; the first name is the reference) into
 #                                                 checkpoints/STUDY/OUT (an older one is moved aside with its date)
+#   compare_runs OUT NAMES [options] -- DIR...    `prunetrain compare` over the runs kept in DIR... (NAMES: one per
+#                                                 DIR, comma-separated) into OUT (an older one moved aside likewise)
+#   stop_before WHAT [FILE...]                    exits (0) when a stop file (default checkpoints/STUDY/STOP) is there,
+#                                                 removing it and saying that it stopped before WHAT
+#   resume_of DIR                                 1 when the run directory DIR holds a checkpoint to resume from, else 0
 #
 # run_arm skips a run kept already, keeps one that finished but was not kept, resumes (RESUME=1) one that holds a
 # checkpoint, starts one that stopped before its first checkpoint again (the recipe replaces it), and exits (0) before
@@ -27,21 +32,33 @@ run_arm() {
     echo "$study: $name-s$seed is kept already"
     return
   fi
-  if [ -e "$stop" ]; then
-    rm -f "$stop"
-    echo "$study: stopped before $name-s$seed ($stop was there)"
-    exit 0
-  fi
+  stop_before "$name-s$seed"
   [[ " $* " == *" TIME_MINUTES="* ]] && same_machine
   local out=checkpoints/$study/$name-s$seed
   if [ -f "$out/run_complete.json" ]; then  # finished, but not kept
     bash scripts/keep_run.sh "$out" "$kept/$name-s$seed"
     return
   fi
-  local resume=0
-  compgen -G "$out/checkpoint-*" > /dev/null && resume=1
+  local resume
+  resume=$(resume_of "$out")
   echo "$study: $name-s$seed (resume=$resume) from $(date -u +%FT%TZ)"
   env "$@" STUDY="$study" MAX_MINUTES="${MAX_MINUTES:-150}" RESUME=$resume bash "scripts/$arm_script" "$arm" "$seed"
+}
+
+stop_before() {
+  local what=$1 file
+  shift
+  for file in "${@:-$stop}"; do
+    if [ -e "$file" ]; then
+      rm -f "$file"
+      echo "$study: stopped before $what ($file was there)"
+      exit 0
+    fi
+  done
+}
+
+resume_of() {
+  if compgen -G "$1/checkpoint-*" > /dev/null; then echo 1; else echo 0; fi
 }
 
 same_machine() {
@@ -68,6 +85,15 @@ compare_arms() {
   for name in "$@"; do
     for seed in $seeds; do dirs+=("$kept/$name-s$seed"); names+=("$name"); done
   done
+  compare_runs "$out" "$(IFS=,; echo "${names[*]}")" "${options[@]}" -- "${dirs[@]}"
+}
+
+compare_runs() {
+  local out=$1 names=$2
+  shift 2
+  local options=()
+  while [ "$1" != -- ]; do options+=("$1"); shift; done
+  shift
   [ -e "$out" ] && mv "$out" "$out-$(date -u +%Y%m%dT%H%M%S)"
-  .venv/bin/prunetrain compare "${dirs[@]}" --names "$(IFS=,; echo "${names[*]}")" "${options[@]}" --output "$out"
+  .venv/bin/prunetrain compare "$@" --names "$names" "${options[@]}" --output "$out"
 }

@@ -527,18 +527,27 @@ def test_compress_study_sequence_level_arms(tmp_path):
         code, err, args, _ = run(["seq", "1"], {"LEARNING_RATE": bad})
         assert (code, args) == (2, None), (bad, err)
         assert err == f"compress_study.sh: LEARNING_RATE '{bad}' is not a positive number (such as 2e-4)\n", err
-    code, err, args, kept = run(["scratch-seq", "1"], {"SCRATCH_FROM": "seq"})
+    code, err, args, kept = run(["scratch", "1"], {"SCRATCH_FROM": "seq"})
     assert code == 0, err
     for setting in ("model.init_from=", "distill.teacher=checkpoints/proof/off-cooldown-s1", "distill.targets=teacher",
                     "distill.alpha=0", shared, "pruning.ffn_schedule_steps={}", "train.learning_rate=0.0007",
                     "pruning.init_layout=recipes/results/wmt-small-deen-compress-study/seq-s1/layout.json"):
         assert setting in args, (setting, args)
-    assert args[-1] == "checkpoints/compress/scratch-seq-of-seq-s1" and "scratch-seq-of-seq-s1" in kept
-    code, err, args, _ = run(["scratch-seq", "1"])  # the default: seq-word's architecture, the word-level term on
-    assert code == 0 and "distill.alpha=0" not in args and args[-1] == "checkpoints/compress/scratch-seq-of-seq-word-s1"
-    code, err, args, _ = run(["scratch-seq", "1"], {"SCRATCH_FROM": "distill"})
-    assert (code, args) == (2, None) and err.startswith("compress_study.sh: SCRATCH_FROM 'distill' is not a "
-                                                        "sequence-level arm"), err
+    assert args[-1] == "checkpoints/compress/scratch-of-seq-s1" and "scratch-of-seq-s1" in kept
+    code, err, args, _ = run(["scratch", "1"])  # the default: seq-word's architecture, the word-level term on
+    assert code == 0 and "distill.alpha=0" not in args and args[-1] == "checkpoints/compress/scratch-of-seq-word-s1"
+    assert "distill.targets=teacher" in args and shared in args, args
+    # word (at another learning rate): the references with the word-level term, its own architecture, the
+    # from-scratch optimiser (never the arm's learning rate)
+    code, err, args, _ = run(["scratch", "1"], {"SCRATCH_FROM": "word-lr8e-4"})
+    assert code == 0 and args[-1] == "checkpoints/compress/scratch-of-word-lr8e-4-s1", err
+    assert not any(a.startswith(("distill.targets=", "distill.alpha=", "distill.translations_dir=")) for a in args)
+    assert "pruning.init_layout=recipes/results/wmt-small-deen-compress-study/word-lr8e-4-s1/layout.json" in args
+    assert [a for a in args if a.startswith("train.learning_rate=")] == ["train.learning_rate=0.0007"], args
+    for bad in ("distill", "word-lr", "seqword"):
+        code, err, args, _ = run(["scratch", "1"], {"SCRATCH_FROM": bad})
+        assert (code, args) == (2, None) and err.startswith(f"compress_study.sh: SCRATCH_FROM '{bad}' is not a kept "
+                                                            "run of a sequence-level study arm"), (bad, err)
     from prunetrain.mt.config.recipe import load_recipe
 
     for arm, settings in expected.items():  # every arm is a valid recipe
@@ -641,6 +650,79 @@ def test_seqkd_study_trains_each_seeds_start_then_its_arms_and_chooses_on_valida
     assert first.endswith("valid.json: 1 of 1 translations differ"), first
     assert last.startswith("seqkd_study.sh: checkpoints/compress-start/off-cooldown-s0 is not the starting model "
                            "kept in ") and "aside to run the seed again" in last, last
+
+
+def test_seqkd_study_second_stage_and_five_seeds(tmp_path):
+    """scripts/seqkd_study.sh rates ARM: ARM at 4e-4 (kept by the selection), 2e-4 and 8e-4 at seeds 0 and 1, then
+    `compare --validation-only`; seeds ARM [RATE]: the chosen setting and its architecture from scratch at seeds 0-4,
+    each seed's starting model trained first when it is not kept, then the comparison with the starting models (the
+    test sets read). A bad stage, arm or rate is one line, exit 2, before anything runs."""
+    import shutil
+    import subprocess
+    from pathlib import Path
+
+    root = tmp_path / "tree"
+    _study_script(tmp_path, "seqkd_study.sh")
+    shutil.copy(Path(__file__).resolve().parents[1] / "scripts" / "compress_study.sh", root / "scripts")
+    (root / ".venv" / "bin" / "prunetrain").write_text(TRANSLATING_PRUNETRAIN)
+    (root / "translation.txt").write_text("A dog runs.")
+
+    def run(*args):
+        (root / "calls.txt").unlink(missing_ok=True)
+        done = subprocess.run(["bash", "scripts/seqkd_study.sh", *args], cwd=root, capture_output=True, text=True)
+        calls = (root / "calls.txt").read_text().splitlines() if (root / "calls.txt").is_file() else []
+        return done, calls
+
+    outputs = lambda calls: [c.split("--output ")[1] for c in calls if c.startswith("recipe ")]  # noqa: E731
+    rate = lambda call: call.split("train.learning_rate=")[1].split()[0]  # noqa: E731
+    done, calls = run("rates", "seq-word")
+    assert done.returncode == 0, done.stderr
+    assert outputs(calls) == [out for seed in (0, 1) for out in (
+        f"checkpoints/compress-start/off-cooldown-s{seed}", f"checkpoints/seqkd/seq-word-s{seed}",
+        f"checkpoints/seqkd/seq-word-lr2e-4-s{seed}", f"checkpoints/seqkd/seq-word-lr8e-4-s{seed}")]
+    recipes = [c for c in calls if c.startswith("recipe ")]
+    assert [rate(c) for c in recipes if "seqkd/" in c] == ["0.0004", "2e-4", "8e-4"] * 2
+    names = ",".join(name for name in ("seq-word", "seq-word-lr2e-4", "seq-word-lr8e-4") for _ in (0, 1))
+    assert calls[-1] == ("compare " + " ".join(f"recipes/results/wmt-small-deen-seqkd/{name}-s{seed}" for name in
+                                               names.split(",")[::2] for seed in (0, 1))
+                         + f" --names {names} --validation-only --output checkpoints/seqkd/rates-seq-word-s0-s1")
+    done, calls = run("rates", "seq-word")  # all kept: only the comparison again (the older one moved aside)
+    assert done.returncode == 0 and [c.split()[0] for c in calls] == ["compare"], done.stderr
+    compared = sorted(p.name for p in (root / "checkpoints" / "seqkd").glob("rates-seq-word-s0-s1*"))
+    assert len(compared) == 2 and compared[1].startswith("rates-seq-word-s0-s1-20"), compared
+    (root / "checkpoints" / "seqkd" / "STOP").touch()
+    done, calls = run("seeds", "seq-word", "8e-4")  # stops before its first run, the stop file removed
+    assert done.returncode == 0 and calls == [] and "stopped before" in done.stdout, done.stderr
+    assert not (root / "checkpoints" / "seqkd" / "STOP").exists()
+    done, calls = run("seeds", "seq-word", "8e-4")
+    assert done.returncode == 0, done.stderr
+    expected = []
+    for seed in range(5):
+        if seed > 1:  # a new starting model (0 and 1 are kept and present: checked, not trained)
+            expected.append(f"checkpoints/compress-start/off-cooldown-s{seed}")
+        if seed > 1:
+            expected.append(f"checkpoints/seqkd/seq-word-lr8e-4-s{seed}")
+        expected.append(f"checkpoints/seqkd/scratch-of-seq-word-lr8e-4-s{seed}")
+    assert outputs(calls) == expected
+    recipes = [c for c in calls if c.startswith("recipe ")]
+    assert all(rate(c) == "8e-4" for c in recipes if "--output checkpoints/seqkd/seq-word-lr8e-4" in c)
+    assert all(rate(c) == "0.0007" and "pruning.init_layout=recipes/results/wmt-small-deen-seqkd/seq-word-lr8e-4-s"
+               in c for c in recipes if "--output checkpoints/seqkd/scratch-of" in c)
+    runs = [f"recipes/results/wmt-small-deen-seqkd/{name}-s{seed}" for name in ("seq-word-lr8e-4",
+                                                                             "scratch-of-seq-word-lr8e-4")
+            for seed in range(5)] + [f"recipes/results/wmt-small-deen-compress-start/off-cooldown-s{s}" for s in range(5)]
+    names = ",".join(name for name in ("seq-word-lr8e-4", "scratch-of-seq-word-lr8e-4", "start") for _ in range(5))
+    assert calls[-1] == f"compare {' '.join(runs)} --names {names} --output checkpoints/seqkd/final-seq-word-lr8e-4-s0-s4"
+    assert "--validation-only" not in calls[-1]
+    for args, message in [(("rates",), "the second stage takes one ARM"),
+                          (("rates", "distill"), "ARM 'distill' is not one of the study's arms"),
+                          (("seeds", "word", "4e-4"), "RATE '4e-4' is not a rate of the second stage"),
+                          (("seeds",), "the five seeds take ARM and maybe RATE"),
+                          (("selection", "word"), "the selection takes no arguments"),
+                          (("frontier",), "unknown stage 'frontier'")]:
+        done, calls = run(*args)
+        assert (done.returncode, calls) == (2, []), (args, done.stderr)
+        assert done.stderr.startswith(f"seqkd_study.sh: {message}") and done.stderr.count("\n") == 1, done.stderr
 
 
 def test_a_study_refuses_to_time_a_run_on_another_machine_than_its_kept_runs(tmp_path):

@@ -223,8 +223,8 @@ def _own_aligned_storage(model: nn.Module) -> None:
     save computed 1.5e-8 away from the model that was saved, with every tensor equal, until its tensors were copied.
     A copy of each unaligned tensor makes the loaded model compute bit-identically to the one saved."""
     for module in model.modules():
-        for name, tensor in [*module.named_parameters(recurse=False), *module.named_buffers(recurse=False)]:
-            if tensor is not None and tensor.device.type == "cpu" and tensor.data_ptr() % ALIGNMENT:
+        for tensor in [*module.parameters(recurse=False), *module.buffers(recurse=False)]:
+            if tensor.device.type == "cpu" and tensor.data_ptr() % ALIGNMENT:
                 tensor.data = tensor.data.clone()
 
 

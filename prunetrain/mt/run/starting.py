@@ -235,11 +235,12 @@ def sequence_level_pairs(recipe, pairs: tuple, tokenizer, out_dir: Path, progres
     train = pairs[0]
     made = distilled_targets(teacher, tokenizer, [source for source, _ in train], directory, num_beams=d.beams,
                              engine=d.engine, progress=progress)
-    trained_on = distilled_pairs(train, made.translations, d.targets, d.max_length_ratio or None)
+    max_length_ratio = d.max_length_ratio or None  # 0 in the recipe: no filter
+    trained_on = distilled_pairs(train, made.translations, d.targets, max_length_ratio)
     left_out = len(train) * (2 if d.targets == "both" else 1) - len(trained_on)
     record = {**made.record, "targets": d.targets, "teacher": str(model_dir), "training_pairs": len(trained_on),
-              "max_length_ratio": d.max_length_ratio or None, "left_out_by_length_ratio": left_out}
-    filtered = f" ({left_out} out of proportion to their sources left out)" if d.max_length_ratio else ""
+              "max_length_ratio": max_length_ratio, "left_out_by_length_ratio": left_out}
+    filtered = f" ({left_out} out of proportion to their sources left out)" if max_length_ratio else ""
     progress(f"sequence-level distillation: the teacher {model_dir} translated {made.record['translated_now']} and "
              f"read back {made.record['read_back']} of {len(train)} training sources ({d.engine}, beam {d.beams}; "
              f"{made.record['seconds'] / 60:.1f} teacher minutes in all); the run trains on "
