@@ -12,7 +12,7 @@
 #   compare_runs OUT NAMES [options] -- DIR...    `prunetrain compare` over the runs kept in DIR... (NAMES: one per
 #                                                 DIR, comma-separated) into OUT (an older one moved aside likewise)
 #   stop_before WHAT [FILE...]                    exits (0) when a stop file (default checkpoints/STUDY/STOP) is there,
-#                                                 removing it and saying that it stopped before WHAT
+#                                                 removing every FILE and saying that it stopped before WHAT
 #   resume_of DIR                                 1 when the run directory DIR holds a checkpoint to resume from, else 0
 #
 # run_arm skips a run kept already, keeps one that finished but was not kept, resumes (RESUME=1) one that holds a
@@ -48,9 +48,10 @@ run_arm() {
 stop_before() {
   local what=$1 file
   shift
-  for file in "${@:-$stop}"; do
+  local files=("${@:-$stop}")
+  for file in "${files[@]}"; do
     if [ -e "$file" ]; then
-      rm -f "$file"
+      rm -f "${files[@]}"  # every stop file of the study is used up by one stop
       echo "$study: stopped before $what ($file was there)"
       exit 0
     fi

@@ -714,6 +714,27 @@ def test_seqkd_study_second_stage_and_five_seeds(tmp_path):
     names = ",".join(name for name in ("seq-word-lr8e-4", "scratch-of-seq-word-lr8e-4", "start") for _ in range(5))
     assert calls[-1] == f"compare {' '.join(runs)} --names {names} --output checkpoints/seqkd/final-seq-word-lr8e-4-s0-s4"
     assert "--validation-only" not in calls[-1]
+    # either study's stop file stops the study before a run that is not kept (both are used up), a new starting
+    # model included
+    seqkd_stop, start_stop = (root / "checkpoints" / study / "STOP" for study in ("seqkd", "compress-start"))
+    for name in ("seq-word-lr8e-4-s4", "scratch-of-seq-word-lr8e-4-s4"):
+        shutil.rmtree(root / "recipes" / "results" / "wmt-small-deen-seqkd" / name)
+        shutil.rmtree(root / "checkpoints" / "seqkd" / name)
+    start_stop.touch()
+    seqkd_stop.touch()
+    done, calls = run("seeds", "seq-word", "8e-4")
+    assert done.returncode == 0 and calls == [], done.stderr
+    assert "stopped before seq-word-lr8e-4-s4" in done.stdout and not start_stop.exists() and not seqkd_stop.exists()
+    shutil.rmtree(root / "recipes" / "results" / "wmt-small-deen-compress-start" / "off-cooldown-s4")
+    shutil.rmtree(root / "checkpoints" / "compress-start" / "off-cooldown-s4")
+    seqkd_stop.touch()
+    done, calls = run("seeds", "seq-word", "8e-4")
+    assert done.returncode == 0 and calls == [] and "stopped before off-cooldown-s4" in done.stdout, done.stderr
+    assert not seqkd_stop.exists()
+    done, calls = run("seeds", "seq-word", "8e-4")
+    assert done.returncode == 0, done.stderr
+    assert outputs(calls) == ["checkpoints/compress-start/off-cooldown-s4", "checkpoints/seqkd/seq-word-lr8e-4-s4",
+                              "checkpoints/seqkd/scratch-of-seq-word-lr8e-4-s4"]
     for args, message in [(("rates",), "the second stage takes one ARM"),
                           (("rates", "distill"), "ARM 'distill' is not one of the study's arms"),
                           (("seeds", "word", "4e-4"), "RATE '4e-4' is not a rate of the second stage"),
