@@ -70,6 +70,15 @@ if [ -n "${STUDY:-}" ]; then
 fi
 translations=(--set "distill.translations_dir=$runs/teacher-translations")
 sequence_level=(--set distill.targets=teacher "${translations[@]}")
+# from_scratch KEPT_RUN, for the from-scratch arms: that kept run's final architecture freshly initialised, distilled
+# from the starting model, the main recipe's from-scratch optimiser (peak 7e-4, inverse square root, 400 warm-up
+# steps), no pruning
+from_scratch() {
+  sets=(--set model.init_from= --set "distill.teacher=$start" --set "pruning.init_layout=$kept/$1-s$seed/layout.json"
+        --set 'pruning.schedule_steps={}' --set 'pruning.shrink_steps=[]' --set 'pruning.curve_steps=[]'
+        --set train.warmup_steps=400 --set train.scheduler=inverse_sqrt)
+  learning_rate=0.0007
+}
 case "$arm" in
   distill) ;;
   plain) sets+=(--set distill.alpha=0) ;;
@@ -93,22 +102,15 @@ case "$arm" in
            [[ "$from" =~ ^(word|seq|seq-word|both-word|seq-greedy|seq-word-ffn50)(-lr[0-9]+(\.[0-9]+)?(e-?[0-9]+)?)?$ ]] ||
              fail "SCRATCH_FROM '$from' is not a kept run of a sequence-level study arm (word, seq, seq-word, both-word, seq-greedy, seq-word-ffn50, each possibly at a learning rate: word-lr8e-4)"
            from_arm=${BASH_REMATCH[1]}
-           sets=(--set model.init_from= --set "distill.teacher=$start"
-                 --set "pruning.init_layout=$kept/$from-s$seed/layout.json"
-                 --set 'pruning.schedule_steps={}' --set 'pruning.ffn_schedule_steps={}' --set 'pruning.shrink_steps=[]'
-                 --set 'pruning.curve_steps=[]' --set train.warmup_steps=400 --set train.scheduler=inverse_sqrt)
+           from_scratch "$from"
+           sets+=(--set 'pruning.ffn_schedule_steps={}')
            case "$from_arm" in
              seq-word|seq-word-ffn50) sets+=("${sequence_level[@]}") ;;
              both-word) sets+=(--set distill.targets=both "${translations[@]}") ;;
              seq) sets+=("${sequence_level[@]}" --set distill.alpha=0) ;;
              seq-greedy) sets+=("${sequence_level[@]}" --set distill.alpha=0 --set distill.beams=1) ;;
-           esac
-           learning_rate=0.0007 ;;
-  scratch-distill) sets=(--set model.init_from= --set "distill.teacher=$start"
-                         --set "pruning.init_layout=$kept/distill-s$seed/layout.json"
-                         --set 'pruning.schedule_steps={}' --set 'pruning.shrink_steps=[]' --set 'pruning.curve_steps=[]'
-                         --set train.warmup_steps=400 --set train.scheduler=inverse_sqrt)
-                   learning_rate=0.0007 ;;
+           esac ;;
+  scratch-distill) from_scratch distill ;;
   *) fail "unknown arm '$arm' (distill, plain, at-once-distill, at-once, scratch-distill, tune-lr1e-4, tune-lr4e-4, tune-alpha0.9, tune-temp1, tune-hidden1, tune-prune-by-90, word, seq, seq-word, both-word, seq-greedy, seq-word-ffn50, scratch)" ;;
 esac
 name=$arm

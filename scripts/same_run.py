@@ -26,8 +26,9 @@ def kept_splits(kept: Path) -> list[str]:
     return sorted(path.name for path in (kept / "final_translations").glob("*.json"))
 
 
-def differences(run: Path, kept: Path) -> list[str]:
-    """What differs between the finished run in ``run`` and the run kept in ``kept`` (empty: the same run)."""
+def differences(run: Path, kept: Path, splits: list[str]) -> list[str]:
+    """What differs between the finished run in ``run`` and the run kept in ``kept`` (empty: the same run), comparing
+    the final translations of ``splits`` (``kept_splits(kept)``)."""
     found = []
     ran, keeps = _json(run / "results.json"), _json(kept / "results.json")
     for key in ("steps", "train_flops", "heads_kept", "parameters_final"):
@@ -37,7 +38,6 @@ def differences(run: Path, kept: Path) -> list[str]:
                    if (run / model / "prunetrain_layout.json").is_file()), None)
     if (kept / "layout.json").is_file() and (layout is None or _json(layout) != _json(kept / "layout.json")):
         found.append("the final layout differs from the kept layout.json")
-    splits = kept_splits(kept)
     if not splits:
         found.append(f"{kept}/final_translations holds no translations to compare")
     for split in splits:
@@ -62,11 +62,12 @@ def main(argv: list[str]) -> int:
         if not (path / "results.json").is_file():
             print(f"same_run.py: {name} '{path}' holds no results.json", file=sys.stderr)
             return 2
-    found = differences(run, kept)
+    splits = kept_splits(kept)
+    found = differences(run, kept, splits)
     if found:
         print(f"same_run.py: {run} is not the run kept in {kept}: " + "; ".join(found), file=sys.stderr)
         return 2
-    print(f"same_run.py: {run} is the run kept in {kept} (steps, FLOPs, layout and {len(kept_splits(kept))} splits' "
+    print(f"same_run.py: {run} is the run kept in {kept} (steps, FLOPs, layout and {len(splits)} splits' "
           "translations equal)")
     return 0
 

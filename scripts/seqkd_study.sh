@@ -27,14 +27,7 @@ cd "$(dirname "$0")/.."
 fail() { echo "seqkd_study.sh: $*" >&2; exit 2; }
 arms=(word seq seq-word both-word seq-greedy seq-word-ffn50)
 starts=recipes/results/wmt-small-deen-compress-start runs=recipes/results/wmt-small-deen-seqkd
-stops=(checkpoints/compress-start/STOP checkpoints/seqkd/STOP)  # either stops the study, whichever study runs next
-
-# study_arm NAME ARM SEED [VAR=VALUE ...]: run_arm of the study sourced last, stopping first when the run is not kept
-# and either study's stop file is there
-study_arm() {
-  [ -f "$kept/$1-s$3/results.json" ] || stop_before "$1-s$3" "${stops[@]}"
-  run_arm "$@"
-}
+also_stop=(checkpoints/compress-start/STOP checkpoints/seqkd/STOP)  # either stops the study (scripts/study_runs.sh)
 
 # pending SEED NAME...: whether any of the runs NAME-sSEED is not kept yet
 pending() {
@@ -51,7 +44,7 @@ pending() {
 starting_model() {
   local seed=$1
   source scripts/study_runs.sh compress-start
-  study_arm off-cooldown off "$seed" COOLDOWN=0.2
+  run_arm off-cooldown off "$seed" COOLDOWN=0.2
   start=checkpoints/compress-start/off-cooldown-s$seed
   local kept_start=$starts/off-cooldown-s$seed
   local refuse="the seed's remaining arms must start from the model its kept arms started from, so move $kept_start and $runs/*-s$seed aside to run the seed again"
@@ -60,7 +53,7 @@ starting_model() {
       fail "$start is not the starting model kept in $kept_start; $refuse"
     return
   fi
-  stop_before "regenerating $start" "${stops[@]}"
+  stop_before "regenerating $start"
   # first without the measurements the kept run recorded (REGENERATE=lean: its steps and final scores), then, if
   # that is not the kept run, with every one of them (REGENERATE=1, as the kept run was made); each is used only if
   # it is the kept run (payoff_study.sh: scripts/same_run.py)
@@ -93,7 +86,7 @@ case "$stage" in
       starting_model "$seed"
       source scripts/study_runs.sh seqkd compress_study.sh
       for arm in "${arms[@]}"; do
-        study_arm "$arm" "$arm" "$seed" START="$start"
+        run_arm "$arm" "$arm" "$seed" START="$start"
       done
     done
     source scripts/study_runs.sh seqkd compress_study.sh
@@ -106,9 +99,9 @@ case "$stage" in
       pending "$seed" "$arm" "$arm-lr2e-4" "$arm-lr8e-4" || { echo "seqkd: every rate of $arm at seed $seed is kept already"; continue; }
       starting_model "$seed"
       source scripts/study_runs.sh seqkd compress_study.sh
-      study_arm "$arm" "$arm" "$seed" START="$start"
+      run_arm "$arm" "$arm" "$seed" START="$start"
       for rate in 2e-4 8e-4; do
-        study_arm "$arm-lr$rate" "$arm" "$seed" START="$start" LEARNING_RATE="$rate"
+        run_arm "$arm-lr$rate" "$arm" "$seed" START="$start" LEARNING_RATE="$rate"
       done
     done
     source scripts/study_runs.sh seqkd compress_study.sh
@@ -126,8 +119,8 @@ case "$stage" in
       pending "$seed" "$name" "scratch-of-$name" || { echo "seqkd: $name and its scratch run of seed $seed are kept already"; continue; }
       starting_model "$seed"
       source scripts/study_runs.sh seqkd compress_study.sh
-      study_arm "$name" "$arm" "$seed" START="$start" "${at_rate[@]}"
-      study_arm "scratch-of-$name" scratch "$seed" START="$start" SCRATCH_FROM="$name"
+      run_arm "$name" "$arm" "$seed" START="$start" "${at_rate[@]}"
+      run_arm "scratch-of-$name" scratch "$seed" START="$start" SCRATCH_FROM="$name"
     done
     source scripts/study_runs.sh seqkd compress_study.sh
     dirs=() names=()

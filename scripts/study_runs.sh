@@ -11,8 +11,8 @@
 #                                                 checkpoints/STUDY/OUT (an older one is moved aside with its date)
 #   compare_runs OUT NAMES [options] -- DIR...    `prunetrain compare` over the runs kept in DIR... (NAMES: one per
 #                                                 DIR, comma-separated) into OUT (an older one moved aside likewise)
-#   stop_before WHAT [FILE...]                    exits (0) when a stop file (default checkpoints/STUDY/STOP) is there,
-#                                                 removing every FILE and saying that it stopped before WHAT
+#   stop_before WHAT [FILE...]                    exits (0) when a stop file (default: the study's, see also_stop) is
+#                                                 there, removing every FILE and saying that it stopped before WHAT
 #   resume_of DIR                                 1 when the run directory DIR holds a checkpoint to resume from, else 0
 #
 # run_arm skips a run kept already, keeps one that finished but was not kept, resumes (RESUME=1) one that holds a
@@ -23,7 +23,9 @@
 study=$1
 arm_script=${2:-payoff_study.sh}
 kept=recipes/results/wmt-small-deen-$study
-stop=checkpoints/$study/STOP
+# the stop files: the study's, and those of other studies the caller runs in turn (an array also_stop set before
+# sourcing, e.g. seqkd_study.sh's starting models): any of them stops before the next run, and one stop uses up all
+stops=("checkpoints/$study/STOP" ${also_stop[@]+"${also_stop[@]}"})
 
 run_arm() {
   local name=$1 arm=$2 seed=$3
@@ -48,7 +50,8 @@ run_arm() {
 stop_before() {
   local what=$1 file
   shift
-  local files=("${@:-$stop}")
+  local files=("$@")
+  [ $# -gt 0 ] || files=("${stops[@]}")
   for file in "${files[@]}"; do
     if [ -e "$file" ]; then
       rm -f "${files[@]}"  # every stop file of the study is used up by one stop
