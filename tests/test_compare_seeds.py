@@ -207,6 +207,51 @@ def test_compare_reports_every_test_set_the_tests_across_seeds_and_the_choice_on
         assert text in markdown, text
 
 
+def test_a_cap_on_training_plus_teacher_flops_chooses_within_it_and_names_the_best_over_it(monkeypatch, capsys,
+                                                                                             arms, tmp_path):
+    """--max-total-flops: the choice on validation among the arms whose mean training plus teacher FLOPs (word-level
+    forwards and sequence-level translations both counted) stay within the budget, in the full and the
+    validation-only comparison alike; the best arm over it is named beside the choice."""
+    teachers = {"full": {"distillation": {"teacher_forward_flops": 5e11}},  # 1.5e12 in all: over the cap
+                "default": {"sequence_distillation": {"generation_flops_estimate": 1e11}}}  # 1.1e12: within
+    for run, (arm, results) in arms.items():
+        results.update(teachers.get(arm, {}))
+        (run / "results.json").write_text(json.dumps(results))
+    dirs, names = list(arms), ",".join(arm for arm, _ in arms.values())
+    for mode in ((), ("--validation-only",)):
+        out = tmp_path / f"cap{len(mode)}"
+        code, _, err = run_main(monkeypatch, capsys, "compare", *dirs, "--names", names, "--output", out,
+                                "--max-total-flops", "1.2e12", *mode)
+        assert code == 0, err
+        selection = json.loads((out / "compare.json").read_text())["selection"]
+        assert (selection["chosen"], selection["best_over_cap"], selection["max_total_flops"]) == ("default", "full",
+                                                                                                   1.2e12)
+        rows = {r["arm"]: r for r in selection["ranking"]}
+        assert [r["arm"] for r in selection["ranking"]] == ["full", "default", "scratch"]
+        assert {a: (r["total_flops"]["mean"], r["within_cap"]) for a, r in rows.items()} == {
+            "full": (1.5e12, False), "default": (1.1e12, True), "scratch": (1e12, True)}
+        markdown = (out / "compare.md").read_text()
+        assert "| full | 1 | " in markdown and "| 1.5e+12 | no |" in markdown, markdown
+        assert "chooses **default** among the arms within 1.2e+12 training plus teacher FLOPs; the best arm over " \
+               "the cap is full." in markdown
+    # without a cap the best arm is chosen, whatever its FLOPs; a cap no arm meets chooses nothing, and says why
+    code, _, err = run_main(monkeypatch, capsys, "compare", *dirs, "--names", names, "--output", tmp_path / "nocap",
+                            "--validation-only")
+    assert code == 0, err
+    assert json.loads((tmp_path / "nocap" / "compare.json").read_text())["selection"]["chosen"] == "full"
+    code, _, err = run_main(monkeypatch, capsys, "compare", *dirs, "--names", names, "--output", tmp_path / "none",
+                            "--validation-only", "--max-total-flops", "9e11")
+    assert code == 0, err
+    selection = json.loads((tmp_path / "none" / "compare.json").read_text())["selection"]
+    assert selection["chosen"] is None and selection["why"] == (
+        "no arm's mean training plus teacher FLOPs is within the cap of 9e+11 (the least: scratch at 1e+12)")
+    for bad in ("0", "-1e12", "nan", "inf"):
+        assert_one_line(run_main(monkeypatch, capsys, "compare", *dirs, "--names", names, "--output",
+                                 tmp_path / "bad", "--max-total-flops", bad),
+                        r"^prunetrain: error: --max-total-flops: .* is not allowed; expected a finite number > 0\.$")
+        assert not (tmp_path / "bad").exists()
+
+
 def test_runs_written_before_validation_and_more_test_sets_still_compare(monkeypatch, capsys, tmp_path,
                                                                          multi30k_dir):
     dirs = [tmp_path / "a0", tmp_path / "a1", tmp_path / "b0", tmp_path / "b1"]

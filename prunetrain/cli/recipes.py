@@ -12,6 +12,7 @@ import typer
 
 from prunetrain.cli.common import UserError, app, check_positive, emit, progress_line
 from prunetrain.utils import output_paths
+from prunetrain.utils.validate import check_positive_float
 
 
 @app.command()
@@ -107,6 +108,10 @@ def compare(
                                          help="Only what a choice may look at: validation BLEU/chrF, validation BLEU "
                                               "at equal FLOPs and the arm validation chooses; no test score is read "
                                               "into the output (for selection runs)."),
+    max_total_flops: Optional[float] = typer.Option(None, "--max-total-flops",
+                                                    help="Choose on validation among the arms whose mean training "
+                                                         "plus teacher FLOPs stay within this budget; the best arm "
+                                                         "over it is named beside the choice."),
 ):
     """Recipe runs side by side: BLEU at equal training FLOPs, equal steps and equal training time, seeds as mean ±
     sd, every test set (BLEU, chrF), paired t-test and sign-flip test across seeds, paired bootstrap between final
@@ -115,9 +120,12 @@ def compare(
 
     if bootstrap_samples is not None:
         check_positive(bootstrap_samples=bootstrap_samples)
+    if max_total_flops is not None:
+        check_positive_float("--max-total-flops", max_total_flops)
     output_paths.check_disjoint(output, {f"run {str(run)!r}": run for run in runs})  # never into or around a run
     labels = [n.strip() for n in names.split(",")] if names is not None else None  # '' is refused, not ignored
-    result = write_comparison(runs, output, labels, samples=bootstrap_samples, validation_only=validation_only)
+    result = write_comparison(runs, output, labels, samples=bootstrap_samples, validation_only=validation_only,
+                              max_total_flops=max_total_flops)
     if validation_only:
         from prunetrain.mt.comparison.compare_validation import validation_markdown
 

@@ -306,7 +306,8 @@ def check_distinct_runs(run_dirs: list[str | Path], loaded: list[dict]) -> None:
 
 
 def write_comparison(run_dirs: list[str | Path], output: str | Path, names: list[str] | None = None, *,
-                     samples: int | None = None, validation_only: bool = False) -> dict:
+                     samples: int | None = None, validation_only: bool = False,
+                     max_total_flops: float | None = None) -> dict:
     """Compare finished recipe runs (the first is the reference) and write `compare.json`, `compare.md` and
     `compare.png` into `output` (created; an existing non-empty directory is refused before anything is written).
 
@@ -319,13 +320,17 @@ def write_comparison(run_dirs: list[str | Path], output: str | Path, names: list
             comparison runs no bootstrap and refuses it.
         validation_only: keep only what a choice may look at (`prunetrain.mt.comparison.compare_validation`): no test score
             is computed or written, and no figure (it plots test BLEU).
+        max_total_flops: a budget for the choice on validation, in training plus teacher FLOPs (an arm's means over
+            its seeds): the arm chosen is the best within it, and the best over it is named beside it.
     """
     from prunetrain.mt.comparison.compare_arms import compare_arms
     from prunetrain.mt.run.report import training_figure
     from prunetrain.utils.output_paths import replace_directory, staging_directory
-    from prunetrain.utils.validate import check_bool, check_int
+    from prunetrain.utils.validate import check_bool, check_int, check_positive_float
 
     check_bool("validation_only", validation_only)
+    if max_total_flops is not None:
+        max_total_flops = check_positive_float("max_total_flops", max_total_flops)
     if samples is not None and validation_only:
         raise ValueError(f"samples: {samples!r} given with validation_only; a validation-only comparison runs no "
                          f"bootstrap on a test set, so leave --bootstrap-samples out.")
@@ -351,12 +356,12 @@ def write_comparison(run_dirs: list[str | Path], output: str | Path, names: list
     if validation_only:
         from prunetrain.mt.comparison.compare_validation import validation_comparison, validation_markdown
 
-        comparison, runs = validation_comparison(names, loaded), None
+        comparison, runs = validation_comparison(names, loaded, max_total_flops), None
         markdown = validation_markdown(comparison)
     else:
         from prunetrain.mt.comparison.time_to_quality import arms_time_to_quality, time_to_quality_section
 
-        arms = compare_arms(names, loaded, run_dirs, samples=samples)
+        arms = compare_arms(names, loaded, run_dirs, samples=samples, max_total_flops=max_total_flops)
         runs = dict(zip(run_labels(names, loaded), loaded))
         comparison = dict(compare_runs(runs), **arms, time_to_quality=arms_time_to_quality(names, loaded))
         markdown = (comparison_markdown(comparison) + "\n![BLEU over training time](compare.png)\n"

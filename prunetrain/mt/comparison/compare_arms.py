@@ -17,7 +17,7 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
-from prunetrain.mt.comparison.arm_stats import TRANSLATIONS_FILE, cell, fmt_stat, mean_sd, run_seed
+from prunetrain.mt.comparison.arm_stats import TRANSLATIONS_FILE, cell, fmt_stat, mean_sd, run_seed, teacher_flops
 from prunetrain.mt.comparison.compare_seeds import (read_split_translations, seed_tests, selection_markdown,
                                                     shared_test_splits, test_set_tables, test_sets_markdown,
                                                     valid_score, validation_selection)
@@ -64,17 +64,6 @@ def flop_targets(runs: list[dict]) -> list[float]:
                  if r.get("flops_target") is not None}
         targets = given if targets is None else targets & given
     return sorted(targets or [])
-
-
-def teacher_flops(results: dict) -> float | None:
-    """The teacher's FLOPs beside a run's training FLOPs: its forwards on the training batches (word-level
-    distillation, counted) plus its translations of the training sources (sequence-level, estimated); None for a
-    run without a teacher."""
-    forward = (results.get("distillation") or {}).get("teacher_forward_flops")
-    translations = (results.get("sequence_distillation") or {}).get("generation_flops_estimate")
-    if forward is None and translations is None:
-        return None
-    return (forward or 0) + (translations or 0)
 
 
 def summarize_arm(name: str, runs: list[dict]) -> dict:
@@ -217,9 +206,10 @@ def bootstrap_markdown(comparison: dict) -> list[str]:
     return lines
 
 
-def compare_arms(names: list[str], runs: list[dict], run_dirs: list[str | Path], *, samples: int = 1000) -> dict:
+def compare_arms(names: list[str], runs: list[dict], run_dirs: list[str | Path], *, samples: int = 1000,
+                 max_total_flops: float | None = None) -> dict:
     """Summary, equal-FLOP table, every test set, tests across seeds, paired bootstraps and the choice on validation
-    of the arms named by `names` (the first arm is the reference)."""
+    of the arms named by `names` (the first arm is the reference; the choice within `max_total_flops` when given)."""
     arms = group_arms(names, runs)
     splits = shared_test_splits(arms)
     by_split: dict[str, list[dict]] = {}
@@ -231,7 +221,7 @@ def compare_arms(names: list[str], runs: list[dict], run_dirs: list[str | Path],
     return {"arms": [summarize_arm(n, r) for n, r in arms.items()], "equal_flops": equal_flops_table(arms),
             "test_sets": test_set_tables(arms, splits), "seed_tests": seed_tests(arms, splits) if len(arms) > 1 else [],
             "paired_tests": by_split[splits[0]], "bootstrap_by_split": by_split, "bootstrap_samples": samples,
-            "selection": validation_selection(arms)}
+            "selection": validation_selection(arms, max_total_flops)}
 
 
 __all__ = ["arms_markdown", "compare_arms", "equal_flops_table", "flops_scale", "fmt_stat", "flop_targets", "group_arms",

@@ -20,7 +20,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from prunetrain.mt.comparison.arm_stats import TRANSLATIONS_FILE, cell, fmt_stat, mean_sd, run_seed
+from prunetrain.mt.comparison.arm_stats import TRANSLATIONS_FILE, cell, fmt_stat, mean_sd, run_seed, total_flops
 from prunetrain.utils.files import read_json
 
 FINAL_TRANSLATIONS_DIR = "final_translations"
@@ -156,12 +156,19 @@ def read_split_translations(run_dir: str | Path, split: str, main: bool) -> dict
     return read_json(path, "translations", allow_nan=True) if path.is_file() else None
 
 
-def validation_selection(arms: dict[str, list[dict]]) -> dict:
-    """{"metric": "bleu", "split", "ranking": [{"arm", "valid_bleu" (mean_sd)}], "chosen", "why"}: the arms ranked by
-    mean final validation BLEU (ties keep the order given) and the first chosen; nothing chosen, with the reason,
-    when a run has no validation score or the runs scored different validation splits."""
+def validation_selection(arms: dict[str, list[dict]], max_total_flops: float | None = None) -> dict:
+    """{"metric": "bleu", "split", "ranking": [{"arm", "valid_bleu" (mean_sd), "total_flops" (mean_sd), "within_cap"}],
+    "chosen", "why", "max_total_flops", "best_over_cap"}: the arms ranked by mean final validation BLEU (ties keep the
+    order given) and the first chosen; nothing chosen, with the reason, when a run has no validation score or the
+    runs scored different validation splits.
+
+    With `max_total_flops` (a budget that counts the teacher's work: an arm's mean training FLOPs plus its teacher's,
+    `arm_stats.total_flops`), the choice is the best arm within it; every arm is still ranked, marked within the cap
+    or not, and the best arm over the cap, when it ranks above the chosen one, is named beside it ("best_over_cap").
+    Nothing is chosen when no arm is within the cap or a run recorded no training FLOPs."""
     runs = [(name, r) for name, group in arms.items() for r in group]
-    out = {"metric": "bleu", "split": None, "ranking": [], "chosen": None, "why": None}
+    out = {"metric": "bleu", "split": None, "ranking": [], "chosen": None, "why": None,
+           "max_total_flops": max_total_flops, "best_over_cap": None}
     lacking = [f"{name} seed {run_seed(r)}" for name, r in runs if valid_score(r) is None]
     splits = sorted({r["valid_split"] for _, r in runs if valid_score(r) is not None})
     if len(lacking) == len(runs):
@@ -177,10 +184,26 @@ def validation_selection(arms: dict[str, list[dict]]) -> dict:
             raise ValueError(f"runs: arm {name!r} seed {run_seed(results)} scored {count} sentences of validation "
                              f"split {splits[0]!r} and arm {counted[0][0]!r} seed {run_seed(counted[0][1])} "
                              f"{counted[0][2]}; a choice on validation compares scores of the same sentences.")
-    ranking = [{"arm": name, "valid_bleu": mean_sd([valid_score(r)["bleu"] for r in group])}
+    ranking = [{"arm": name, "valid_bleu": mean_sd([valid_score(r)["bleu"] for r in group]),
+                "total_flops": mean_sd([total_flops(r) for r in group]), "within_cap": None}
                for name, group in arms.items()]
     ranking.sort(key=lambda row: -row["valid_bleu"]["mean"])
-    return dict(out, split=splits[0], ranking=ranking, chosen=ranking[0]["arm"])
+    out.update(split=splits[0], ranking=ranking)
+    if max_total_flops is None:
+        return dict(out, chosen=ranking[0]["arm"])
+    unmeasured = [f"{name} seed {run_seed(r)}" for name, r in runs if total_flops(r) is None]
+    if unmeasured:
+        return dict(out, why=f"no training FLOPs recorded by {', '.join(unmeasured)}, so the cap of "
+                             f"{max_total_flops:.3g} FLOPs cannot be applied")
+    for row in ranking:
+        row["within_cap"] = row["total_flops"]["mean"] <= max_total_flops
+    within = [row["arm"] for row in ranking if row["within_cap"]]
+    if not within:
+        least = min(ranking, key=lambda row: row["total_flops"]["mean"])
+        return dict(out, why=f"no arm's mean training plus teacher FLOPs is within the cap of {max_total_flops:.3g} "
+                             f"(the least: {least['arm']} at {least['total_flops']['mean']:.3g})")
+    best = ranking[0]["arm"]
+    return dict(out, chosen=within[0], best_over_cap=None if best == within[0] else best)
 
 
 def _p(value) -> str:
@@ -228,17 +251,28 @@ def test_sets_markdown(comparison: dict) -> list[str]:
 
 
 def selection_markdown(selection: dict | None) -> list[str]:
-    """The arms ranked on validation and the one it chooses (or why nothing is chosen) as Markdown lines."""
+    """The arms ranked on validation and the one it chooses (or why nothing is chosen) as Markdown lines; with a cap on
+    FLOPs, each arm's training plus teacher FLOPs and whether it is within the cap."""
     if selection is None:
         return []
     lines = ["", "## Selection on validation (final models; the test sets play no part in it)", ""]
+    cap = selection.get("max_total_flops")
     if selection["chosen"] is None:
         return lines + [f"Nothing is chosen: {selection['why']}; a choice is never made on a test set."]
-    lines += ["| arm | rank | validation BLEU |", "|---|---|---|"]
+    if cap is None:
+        lines += ["| arm | rank | validation BLEU |", "|---|---|---|"]
+        for rank, row in enumerate(selection["ranking"], 1):
+            lines.append(f"| {cell(row['arm'])} | {rank} | {fmt_stat(row['valid_bleu'])} |")
+        return lines + ["", f"Validation ({cell(selection['split'])}, mean BLEU over seeds) chooses "
+                            f"**{cell(selection['chosen'])}**."]
+    lines += ["| arm | rank | validation BLEU | training + teacher FLOPs | within the cap |", "|---|---|---|---|---|"]
     for rank, row in enumerate(selection["ranking"], 1):
-        lines.append(f"| {cell(row['arm'])} | {rank} | {fmt_stat(row['valid_bleu'])} |")
+        lines.append(f"| {cell(row['arm'])} | {rank} | {fmt_stat(row['valid_bleu'])} | "
+                     f"{row['total_flops']['mean']:.3g} | {'yes' if row['within_cap'] else 'no'} |")
+    over = selection["best_over_cap"]
     return lines + ["", f"Validation ({cell(selection['split'])}, mean BLEU over seeds) chooses "
-                        f"**{cell(selection['chosen'])}**."]
+                        f"**{cell(selection['chosen'])}** among the arms within {cap:.3g} training plus teacher FLOPs"
+                        + (f"; the best arm over the cap is {cell(over)}." if over else ".")]
 
 
 __all__ = ["FINAL_TRANSLATIONS_DIR", "check_score_fields", "main_split", "read_split_translations", "seed_tests",

@@ -17,15 +17,16 @@ from prunetrain.mt.comparison.compare_seeds import selection_markdown, validatio
 ARM_FIELDS = ("arm", "seeds", "heads", "steps", "train_flops", "valid_bleu", "valid_chrf")
 
 
-def validation_comparison(names: list[str], runs: list[dict]) -> dict:
+def validation_comparison(names: list[str], runs: list[dict], max_total_flops: float | None = None) -> dict:
     """{"validation_only": True, "arms": [{ARM_FIELDS}], "valid_at_flops": [{"flops", "arm", "valid_bleu"}],
-    "selection"} of the arms named by `names` (runs sharing a name are seeds of one arm)."""
+    "selection"} of the arms named by `names` (runs sharing a name are seeds of one arm; the choice within
+    `max_total_flops` training plus teacher FLOPs when given)."""
     arms = group_arms(names, runs)
     return {"validation_only": True,
             "arms": [{k: v for k, v in summarize_arm(name, group).items() if k in ARM_FIELDS}
                      for name, group in arms.items()],
             "valid_at_flops": [{k: row[k] for k in ("flops", "arm", "valid_bleu")} for row in equal_flops_table(arms)],
-            "selection": validation_selection(arms)}
+            "selection": validation_selection(arms, max_total_flops)}
 
 
 def validation_markdown(comparison: dict) -> str:
