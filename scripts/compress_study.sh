@@ -46,6 +46,9 @@
 #   seq-greedy       as seq with the teacher's greedy translations (beam 1: a third of beam 4's generation FLOPs)
 #   seq-word-ffn50   seq-word with half of the FFN neurons pruned too (25 % at step 60, 50 % at 120; removed at
 #                    60/120): heads and FFN
+#   seq-word-ffn75   the same with three quarters of the FFN neurons (75 % at 180, removed there too): a third budget
+#                    for the speed/quality frontier (added 2026-11-30 after the frontier's first table, not a
+#                    selection arm)
 #   scratch          the final architecture of the kept run SCRATCH_FROM (one of the arms above, or one at another
 #                    learning rate such as word-lr8e-4; default seq-word), same seed, freshly initialised and trained
 #                    on what that arm trains on (the teacher's translations with its beams, or the references) with
@@ -98,20 +101,22 @@ case "$arm" in
   seq-greedy) sets+=("${sequence_level[@]}" --set distill.alpha=0 --set distill.beams=1); learning_rate=0.0004 ;;
   seq-word-ffn50) sets+=("${sequence_level[@]}" --set 'pruning.ffn_schedule_steps={60: 0.25, 120: 0.5}')
                   learning_rate=0.0004 ;;
+  seq-word-ffn75) sets+=("${sequence_level[@]}" --set 'pruning.ffn_schedule_steps={60: 0.25, 120: 0.5, 180: 0.75}')
+                  learning_rate=0.0004 ;;
   scratch) from=${SCRATCH_FROM:-seq-word}
-           [[ "$from" =~ ^(word|seq|seq-word|both-word|seq-greedy|seq-word-ffn50)(-lr[0-9]+(\.[0-9]+)?(e-?[0-9]+)?)?$ ]] ||
-             fail "SCRATCH_FROM '$from' is not a kept run of a sequence-level study arm (word, seq, seq-word, both-word, seq-greedy, seq-word-ffn50, each possibly at a learning rate: word-lr8e-4)"
+           [[ "$from" =~ ^(word|seq|seq-word|both-word|seq-greedy|seq-word-ffn50|seq-word-ffn75)(-lr[0-9]+(\.[0-9]+)?(e-?[0-9]+)?)?$ ]] ||
+             fail "SCRATCH_FROM '$from' is not a kept run of a sequence-level study arm (word, seq, seq-word, both-word, seq-greedy, seq-word-ffn50, seq-word-ffn75, each possibly at a learning rate: word-lr8e-4)"
            from_arm=${BASH_REMATCH[1]}
            from_scratch "$from"
            sets+=(--set 'pruning.ffn_schedule_steps={}')
            case "$from_arm" in
-             seq-word|seq-word-ffn50) sets+=("${sequence_level[@]}") ;;
+             seq-word|seq-word-ffn50|seq-word-ffn75) sets+=("${sequence_level[@]}") ;;
              both-word) sets+=(--set distill.targets=both "${translations[@]}") ;;
              seq) sets+=("${sequence_level[@]}" --set distill.alpha=0) ;;
              seq-greedy) sets+=("${sequence_level[@]}" --set distill.alpha=0 --set distill.beams=1) ;;
            esac ;;
   scratch-distill) from_scratch distill ;;
-  *) fail "unknown arm '$arm' (distill, plain, at-once-distill, at-once, scratch-distill, tune-lr1e-4, tune-lr4e-4, tune-alpha0.9, tune-temp1, tune-hidden1, tune-prune-by-90, word, seq, seq-word, both-word, seq-greedy, seq-word-ffn50, scratch)" ;;
+  *) fail "unknown arm '$arm' (distill, plain, at-once-distill, at-once, scratch-distill, tune-lr1e-4, tune-lr4e-4, tune-alpha0.9, tune-temp1, tune-hidden1, tune-prune-by-90, word, seq, seq-word, both-word, seq-greedy, seq-word-ffn50, seq-word-ffn75, scratch)" ;;
 esac
 name=$arm
 [ "$arm" = scratch ] && name="scratch-of-$from"

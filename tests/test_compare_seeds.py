@@ -245,6 +245,17 @@ def test_a_cap_on_training_plus_teacher_flops_chooses_within_it_and_names_the_be
     selection = json.loads((tmp_path / "none" / "compare.json").read_text())["selection"]
     assert selection["chosen"] is None and selection["why"] == (
         "no arm's mean training plus teacher FLOPs is within the cap of 9e+11 (the least: scratch at 1e+12)")
+    # a run that recorded no training FLOPs: the cap cannot be applied, so nothing is chosen (and it says which run)
+    run, (arm, results) = next((d, a) for d, a in arms.items() if a[0] == "scratch")
+    del results["train_flops"]
+    (run / "results.json").write_text(json.dumps(results))
+    code, _, err = run_main(monkeypatch, capsys, "compare", *dirs, "--names", names, "--output",
+                            tmp_path / "unmeasured", "--validation-only", "--max-total-flops", "1.2e12")
+    assert code == 0, err
+    selection = json.loads((tmp_path / "unmeasured" / "compare.json").read_text())["selection"]
+    assert selection["chosen"] is None and selection["why"] == (
+        f"no training FLOPs recorded by scratch seed {results['recipe']['train']['seed']}, so the cap of 1.2e+12 "
+        f"FLOPs cannot be applied")
     for bad in ("0", "-1e12", "nan", "inf"):
         assert_one_line(run_main(monkeypatch, capsys, "compare", *dirs, "--names", names, "--output",
                                  tmp_path / "bad", "--max-total-flops", bad),

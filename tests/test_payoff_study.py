@@ -511,7 +511,9 @@ def test_compress_study_sequence_level_arms(tmp_path):
                 "both-word": ["distill.targets=both", shared],
                 "seq-greedy": ["distill.targets=teacher", "distill.alpha=0", "distill.beams=1", shared],
                 "seq-word-ffn50": ["distill.targets=teacher", shared,
-                                   "pruning.ffn_schedule_steps={60: 0.25, 120: 0.5}"]}
+                                   "pruning.ffn_schedule_steps={60: 0.25, 120: 0.5}"],
+                "seq-word-ffn75": ["distill.targets=teacher", shared,
+                                   "pruning.ffn_schedule_steps={60: 0.25, 120: 0.5, 180: 0.75}"]}
     for arm, settings in expected.items():
         code, err, args, kept = run([arm, "1"])
         assert code == 0, err
