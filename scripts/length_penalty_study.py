@@ -133,11 +133,13 @@ def test_stage() -> None:
     test_sets = {split: read_parallel(DATA, split) for split in splits}
     entries = {("word-lr2e-4", chosen["word-lr2e-4"]), ("start", chosen["start"]), ("start", 1.0)}
     scores = {}
-    for arm, lp in sorted(entries):
+    for arm in ARMS:  # each saved model loaded once, for every penalty of its arm
+        penalties = sorted(lp for a, lp in entries if a == arm)
         for seed in SEEDS:
             run = Arm(arm, seed)
-            for split, pairs in test_sets.items():
-                scores[arm, lp, seed, split] = run.score(split, pairs, lp)
+            for lp in penalties:
+                for split, pairs in test_sets.items():
+                    scores[arm, lp, seed, split] = run.score(split, pairs, lp)
     record = {"chosen": chosen, "seeds": SEEDS, "scores": [dict(arm=a, lp=lp, seed=s, split=sp, **v)
                                                          for (a, lp, s, sp), v in scores.items()], "tests": []}
     lines = ["| split | metric | word-lr2e-4 at lp | start at lp | mean Δ (compressed − start) | per seed "

@@ -259,20 +259,20 @@ def selection_markdown(selection: dict | None) -> list[str]:
     cap = selection.get("max_total_flops")
     if selection["chosen"] is None:
         return lines + [f"Nothing is chosen: {selection['why']}; a choice is never made on a test set."]
-    if cap is None:
-        lines += ["| arm | rank | validation BLEU |", "|---|---|---|"]
-        for rank, row in enumerate(selection["ranking"], 1):
-            lines.append(f"| {cell(row['arm'])} | {rank} | {fmt_stat(row['valid_bleu'])} |")
-        return lines + ["", f"Validation ({cell(selection['split'])}, mean BLEU over seeds) chooses "
-                            f"**{cell(selection['chosen'])}**."]
-    lines += ["| arm | rank | validation BLEU | training + teacher FLOPs | within the cap |", "|---|---|---|---|---|"]
+    capped = cap is not None
+    lines += ["| arm | rank | validation BLEU |" + (" training + teacher FLOPs | within the cap |" if capped else ""),
+              "|---|---|---|" + ("---|---|" if capped else "")]
     for rank, row in enumerate(selection["ranking"], 1):
-        lines.append(f"| {cell(row['arm'])} | {rank} | {fmt_stat(row['valid_bleu'])} | "
-                     f"{row['total_flops']['mean']:.3g} | {'yes' if row['within_cap'] else 'no'} |")
+        lines.append(f"| {cell(row['arm'])} | {rank} | {fmt_stat(row['valid_bleu'])} |"
+                     + (f" {row['total_flops']['mean']:.3g} | {'yes' if row['within_cap'] else 'no'} |" if capped
+                        else ""))
+    chosen = (f"Validation ({cell(selection['split'])}, mean BLEU over seeds) chooses "
+              f"**{cell(selection['chosen'])}**")
+    if not capped:
+        return lines + ["", chosen + "."]
     over = selection["best_over_cap"]
-    return lines + ["", f"Validation ({cell(selection['split'])}, mean BLEU over seeds) chooses "
-                        f"**{cell(selection['chosen'])}** among the arms within {cap:.3g} training plus teacher FLOPs"
-                        + (f"; the best arm over the cap is {cell(over)}." if over else ".")]
+    return lines + ["", chosen + f" among the arms within {cap:.3g} training plus teacher FLOPs"
+                    + (f"; the best arm over the cap is {cell(over)}." if over else ".")]
 
 
 __all__ = ["FINAL_TRANSLATIONS_DIR", "check_score_fields", "main_split", "read_split_translations", "seed_tests",
