@@ -19,7 +19,9 @@
 # checkpoint, starts one that stopped before its first checkpoint again (the recipe replaces it), and exits (0) before
 # starting a run when checkpoints/STUDY/STOP is there (the file is removed when seen). MAX_MINUTES (default 150) is
 # every run's wall-time guard. A timed run (TIME_MINUTES) shares its study's machine: run_arm refuses (exit 2) to
-# start one on another machine than the kept runs' (`results.json` `machine`: CPU model, cores, native bf16/AMX, GPU).
+# start one on another machine than the kept timed runs' (`results.json` `machine`: CPU model, cores, native bf16/AMX,
+# GPU); the study's FLOP-budget runs may come from any machine (a run trained again on another CPU type is the kept
+# run bit for bit: scripts/same_run.py).
 study=$1
 arm_script=${2:-payoff_study.sh}
 kept=recipes/results/wmt-small-deen-$study
@@ -72,7 +74,10 @@ from pathlib import Path
 from prunetrain.bench.environment import machine
 here = machine()
 for results in sorted(Path(sys.argv[1]).glob("*/results.json")):
-    there = json.loads(results.read_text()).get("machine")
+    run = json.loads(results.read_text())
+    if not run.get("max_train_seconds"):  # a FLOP-budget run: its result does not depend on the machine
+        continue
+    there = run.get("machine")
     if there is not None and there != here:
         sys.exit(f"{results.parent} ran on {there}, this machine is {here}: a study's timed runs share one machine; "
                  f"finish it on that machine or move {sys.argv[1]} aside to start it again here.")

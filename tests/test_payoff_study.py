@@ -749,8 +749,9 @@ def test_seqkd_study_second_stage_and_five_seeds(tmp_path):
 
 
 def test_a_study_refuses_to_time_a_run_on_another_machine_than_its_kept_runs(tmp_path):
-    """study_runs.sh: the kept runs' `results.json` `machine` must be this machine's (equal wall-clock means one
-    machine); another is refused in one line, exit 2, before anything runs; the same machine goes on."""
+    """study_runs.sh: the kept timed runs' `results.json` `machine` must be this machine's (equal wall-clock means one
+    machine); another is refused in one line, exit 2, before anything runs; the same machine goes on. A kept run of a
+    FLOP budget (no `max_train_seconds`) made on another machine does not stop a timed run."""
     import json
     import subprocess
 
@@ -762,12 +763,16 @@ def test_a_study_refuses_to_time_a_run_on_another_machine_than_its_kept_runs(tmp
     kept = root / "recipes" / "results" / "wmt-small-deen-fast" / "fast-h36-f50-early-cooldown-time20min-measure-s100"
     kept.mkdir(parents=True)
     other = {**machine(), "cpu": "AMD EPYC 9999 (another machine)"}
-    (kept / "results.json").write_text(json.dumps({"machine": other}))
+    flop_budget = kept.parent / "off-cooldown-s100"
+    flop_budget.mkdir()
+    (flop_budget / "results.json").write_text(json.dumps({"machine": other, "max_train_seconds": None}))
+    (kept / "results.json").write_text(json.dumps({"machine": other, "max_train_seconds": 1200.0}))
     done = subprocess.run(["bash", "scripts/fast_study.sh"], cwd=root, capture_output=True, text=True)
     assert done.returncode == 2 and not (root / "calls.txt").exists(), done.stderr
     assert "ran on" in done.stderr and "a study's timed runs share one machine" in done.stderr
+    assert str(kept.relative_to(root)) in done.stderr, done.stderr
     assert done.stderr.strip().count("\n") == 0, done.stderr
-    (kept / "results.json").write_text(json.dumps({"machine": machine()}))
+    (kept / "results.json").write_text(json.dumps({"machine": machine(), "max_train_seconds": 1200.0}))
     done = subprocess.run(["bash", "scripts/fast_study.sh"], cwd=root, capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
     assert len([c for c in (root / "calls.txt").read_text().splitlines() if c.startswith("recipe ")]) == 5
