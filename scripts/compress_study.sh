@@ -82,42 +82,52 @@ from_scratch() {
         --set train.warmup_steps=400 --set train.scheduler=inverse_sqrt)
   learning_rate=0.0007
 }
-case "$arm" in
-  distill) ;;
-  plain) sets+=(--set distill.alpha=0) ;;
-  at-once-distill) sets+=("${at_once[@]}") ;;
-  at-once) sets+=("${at_once[@]}" --set distill.alpha=0) ;;
-  tune-lr1e-4) learning_rate=0.0001 ;;
-  tune-lr4e-4) learning_rate=0.0004 ;;
-  tune-alpha0.9) sets+=(--set distill.alpha=0.9) ;;
-  tune-temp1) sets+=(--set distill.temperature=1.0) ;;
-  tune-hidden1) sets+=(--set distill.hidden_weight=1.0) ;;
-  tune-prune-by-90) sets+=(--set 'pruning.schedule_steps={30: 0.25, 60: 0.5, 90: 0.75}'
-                           --set 'pruning.shrink_steps=[60, 90]' --set 'pruning.curve_steps=[30, 90]') ;;
-  word) learning_rate=0.0004 ;;
-  seq) sets+=("${sequence_level[@]}" --set distill.alpha=0); learning_rate=0.0004 ;;
-  seq-word) sets+=("${sequence_level[@]}"); learning_rate=0.0004 ;;
-  both-word) sets+=(--set distill.targets=both "${translations[@]}"); learning_rate=0.0004 ;;
-  seq-greedy) sets+=("${sequence_level[@]}" --set distill.alpha=0 --set distill.beams=1); learning_rate=0.0004 ;;
-  seq-word-ffn50) sets+=("${sequence_level[@]}" --set 'pruning.ffn_schedule_steps={60: 0.25, 120: 0.5}')
-                  learning_rate=0.0004 ;;
-  seq-word-ffn75) sets+=("${sequence_level[@]}" --set 'pruning.ffn_schedule_steps={60: 0.25, 120: 0.5, 180: 0.75}')
-                  learning_rate=0.0004 ;;
-  scratch) from=${SCRATCH_FROM:-seq-word}
-           [[ "$from" =~ ^(word|seq|seq-word|both-word|seq-greedy|seq-word-ffn50|seq-word-ffn75)(-lr[0-9]+(\.[0-9]+)?(e-?[0-9]+)?)?$ ]] ||
-             fail "SCRATCH_FROM '$from' is not a kept run of a sequence-level study arm (word, seq, seq-word, both-word, seq-greedy, seq-word-ffn50, seq-word-ffn75, each possibly at a learning rate: word-lr8e-4)"
-           from_arm=${BASH_REMATCH[1]}
-           from_scratch "$from"
-           sets+=(--set 'pruning.ffn_schedule_steps={}')
-           case "$from_arm" in
-             seq-word|seq-word-ffn50|seq-word-ffn75) sets+=("${sequence_level[@]}") ;;
-             both-word) sets+=(--set distill.targets=both "${translations[@]}") ;;
-             seq) sets+=("${sequence_level[@]}" --set distill.alpha=0) ;;
-             seq-greedy) sets+=("${sequence_level[@]}" --set distill.alpha=0 --set distill.beams=1) ;;
-           esac ;;
-  scratch-distill) from_scratch distill ;;
-  *) fail "unknown arm '$arm' (distill, plain, at-once-distill, at-once, scratch-distill, tune-lr1e-4, tune-lr4e-4, tune-alpha0.9, tune-temp1, tune-hidden1, tune-prune-by-90, word, seq, seq-word, both-word, seq-greedy, seq-word-ffn50, seq-word-ffn75, scratch)" ;;
-esac
+# The sequence-level study's arms (issue 65), named once: the case below, SCRATCH_FROM's pattern and the messages
+sequence_arms=(word seq seq-word both-word seq-greedy seq-word-ffn50 seq-word-ffn75)
+sequence_pattern=$(IFS='|'; echo "${sequence_arms[*]}")
+sequence_list=$(printf '%s, ' "${sequence_arms[@]}"); sequence_list=${sequence_list%, }
+# trains_on ARM: what the sequence-level arm ARM trains on (the references or the teacher's translations, with its
+# beams) and its word-level setting; a scratch run of ARM trains on the same
+trains_on() {
+  case "$1" in
+    word) ;;
+    seq) sets+=("${sequence_level[@]}" --set distill.alpha=0) ;;
+    seq-word|seq-word-ffn50|seq-word-ffn75) sets+=("${sequence_level[@]}") ;;
+    both-word) sets+=(--set distill.targets=both "${translations[@]}") ;;
+    seq-greedy) sets+=("${sequence_level[@]}" --set distill.alpha=0 --set distill.beams=1) ;;
+  esac
+}
+if [[ " ${sequence_arms[*]} " == *" $arm "* ]]; then
+  trains_on "$arm"
+  learning_rate=0.0004
+  case "$arm" in
+    seq-word-ffn50) sets+=(--set 'pruning.ffn_schedule_steps={60: 0.25, 120: 0.5}') ;;
+    seq-word-ffn75) sets+=(--set 'pruning.ffn_schedule_steps={60: 0.25, 120: 0.5, 180: 0.75}') ;;
+  esac
+else
+  case "$arm" in
+    distill) ;;
+    plain) sets+=(--set distill.alpha=0) ;;
+    at-once-distill) sets+=("${at_once[@]}") ;;
+    at-once) sets+=("${at_once[@]}" --set distill.alpha=0) ;;
+    tune-lr1e-4) learning_rate=0.0001 ;;
+    tune-lr4e-4) learning_rate=0.0004 ;;
+    tune-alpha0.9) sets+=(--set distill.alpha=0.9) ;;
+    tune-temp1) sets+=(--set distill.temperature=1.0) ;;
+    tune-hidden1) sets+=(--set distill.hidden_weight=1.0) ;;
+    tune-prune-by-90) sets+=(--set 'pruning.schedule_steps={30: 0.25, 60: 0.5, 90: 0.75}'
+                             --set 'pruning.shrink_steps=[60, 90]' --set 'pruning.curve_steps=[30, 90]') ;;
+    scratch) from=${SCRATCH_FROM:-seq-word}
+             [[ "$from" =~ ^($sequence_pattern)(-lr[0-9]+(\.[0-9]+)?(e-?[0-9]+)?)?$ ]] ||
+               fail "SCRATCH_FROM '$from' is not a kept run of a sequence-level study arm ($sequence_list, each possibly at a learning rate: word-lr8e-4)"
+             from_arm=${BASH_REMATCH[1]}
+             from_scratch "$from"
+             sets+=(--set 'pruning.ffn_schedule_steps={}')
+             trains_on "$from_arm" ;;
+    scratch-distill) from_scratch distill ;;
+    *) fail "unknown arm '$arm' (distill, plain, at-once-distill, at-once, scratch-distill, tune-lr1e-4, tune-lr4e-4, tune-alpha0.9, tune-temp1, tune-hidden1, tune-prune-by-90, $sequence_list, scratch)" ;;
+  esac
+fi
 name=$arm
 [ "$arm" = scratch ] && name="scratch-of-$from"
 if [ -n "${LEARNING_RATE:-}" ]; then
