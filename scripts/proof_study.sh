@@ -21,7 +21,8 @@
 #   DEFAULT=fast-h36-f50-early bash scripts/proof_study.sh
 # QUESTIONS (default "flops time") names the questions and their order: "time flops" runs the equal-time runs first
 # (the fast proof does: its headline is at equal wall-clock, and those runs must share one machine type, so they go
-# while the session has the selection's machine), "time" or "flops" one of them alone.
+# while the session has the machine of the kept timed runs: the AMD EPYC since 2026-11-30, recipes/wmt-small-deen-fast.md),
+# "time" or "flops" one of them alone (the equal-FLOPs runs may run on any machine).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 fail() { echo "proof_study.sh: $*" >&2; exit 2; }
