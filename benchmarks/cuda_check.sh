@@ -14,9 +14,14 @@
 #      off as its starting model.
 #   5. the training step profiled on CUDA (benchmarks/profile_recipe_step.py, bf16, eager): at the recipe's width and
 #      batch, at Transformer-base widths with batches of 256, 1024 and 4096 — kernel time by op, how busy the GPU is,
-#      kernels launched, for 144, 108/72 masked, 72/36 shrunk heads.
-# STEPS="2b 4" runs only the steps named (default: 1 2 2b 3 4 5). Output in OUT: cuda_check.log (versions, every step's
-# output), smoke_report.md, speed_*.json, speed_base_*.json, main_report.md, compress_smoke_report.md, profile_*.json.
+#      kernels launched — for the arms PROFILE_ARMS names (default: the full model, the main job's 36 heads, and the
+#      fast recipe's FFN arms 144+ffn50 and 36+ffn50) with PROFILE_VARIANTS' loss and optimizer (default fused+fused,
+#      what the recipes' Trainer runs), medians of PROFILE_REPEATS rounds (default 3);
+#   6. the fast recipe's smoke preset on CUDA (`wmt-small-deen-fast --smoke`: heads and FFN neurons masked, shrunk
+#      mid-training on the GPU, BLEU, report, benchmark).
+# STEPS="2b 4" runs only the steps named (default: 1 2 2b 3 4 5 6). Output in OUT: cuda_check.log (versions, every
+# step's output), smoke_report.md, speed_*.json, speed_base_*.json, main_report.md, compress_smoke_report.md,
+# profile_*.json, fast_smoke_report.md. FULL_DIR and PRUNED_DIR are read by steps 2 and 2b only.
 #
 #   bash benchmarks/cuda_check.sh OUT DATA_DIR FULL_DIR PRUNED_DIR [MAIN_SECONDS]
 #   STEPS="2b 4" bash benchmarks/cuda_check.sh OUT DATA_DIR FULL_DIR PRUNED_DIR
@@ -26,7 +31,7 @@ export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
 work=$(mktemp -d)
 log="$out/cuda_check.log"
 step() { echo "== $(date -u +%T) $*" | tee -a "$log"; }
-steps=" ${STEPS:-1 2 2b 3 4 5} "
+steps=" ${STEPS:-1 2 2b 3 4 5 6} "
 wanted() { [[ "$steps" == *" $1 "* ]]; }
 
 step "versions"
@@ -91,9 +96,19 @@ if wanted 5; then
   step "5. the training step profiled on CUDA, bf16: kernel time by op, GPU busy, kernels launched"
   for size in ${PROFILE_SIZES:-64x256x1024 256x512x2048 1024x512x2048 4096x512x2048}; do  # batch x d_model x FFN
     IFS=x read -r batch width ffn <<< "$size"
-    timeout 170 python benchmarks/profile_recipe_step.py --device cuda --precisions bf16 --repeats 3 --batch "$batch" \
-      --d-model "$width" --ffn-dim "$ffn" --data-dir "$data" --out "$out/profile_b${batch}_d$width.json" >> "$log" 2>&1
+    timeout 170 python benchmarks/profile_recipe_step.py --device cuda --precisions bf16 \
+      --repeats "${PROFILE_REPEATS:-3}" --batch "$batch" --d-model "$width" --ffn-dim "$ffn" --data-dir "$data" \
+      --arms "${PROFILE_ARMS:-144,36 shrunk,144+ffn50,36+ffn50}" --variants "${PROFILE_VARIANTS:-fused+fused}" \
+      --out "$out/profile_b${batch}_d$width.json" >> "$log" 2>&1
     echo "rc=$?" >> "$log"
   done
+fi
+
+if wanted 6; then
+  step "6. the fast recipe's smoke preset on CUDA (heads and FFN neurons masked and shrunk on the GPU)"
+  timeout 240 python -m prunetrain recipe wmt-small-deen-fast --smoke --data-dir "$data" --output "$work/fast_smoke" \
+    >> "$log" 2>&1
+  echo "rc=$?" >> "$log"
+  cp "$work/fast_smoke/report.md" "$out/fast_smoke_report.md" 2>> "$log"
 fi
 step "done"

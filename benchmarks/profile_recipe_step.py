@@ -18,6 +18,10 @@ self times are summed by category (matmul, attention softmax, layer norm, embedd
 optimizer element-wise ops, copies and reshapes, other) — the profiler slows small ops, so read its shares, not its
 absolute times. FLOP-ideal: matmul FLOPs of the full step over the arm's (`prunetrain.bench.count_flops`).
 
+`--plain-records` adds, beside every shrunk arm, the same model with its config's prunetrain records held as plain
+lists, dicts and tuples — what `shrink` left on a config before `prunetrain.engine.config_records`: transformers
+deep-copies the config twice in every forward of this model, and plain records cost one Python call per kept unit.
+
 `--variants` chooses what the step adds around the model, as LOSS+OPTIMIZER (several, comma-separated, are
 interleaved with the arms in one run, each arm's speed taken against the 144-head step of its own variant):
 `model+adamw` (the default; the model's own cross-entropy, given the labels, and AdamW: what benchmarks/README.md k
@@ -52,6 +56,7 @@ import torch
 
 from prunetrain import HeadMask, find_heads, shrink
 from prunetrain.bench import count_flops
+from prunetrain.engine.config_records import RECORD_PREFIX
 
 REPO = Path(__file__).resolve().parents[1]
 LAYOUT = REPO / "recipes/results/wmt-small-deen-study/small-steps-cooldown-s0/layout.json"
@@ -98,6 +103,24 @@ def arms(model) -> dict:
             "72 shrunk": shrunk(lambda s: 4), "36 shrunk": shrunk(lambda s: kept36[s.name]),
             "144+ffn50": shrunk(lambda s: 8, 0.5), "36+ffn50": shrunk(lambda s: kept36[s.name], 0.5),
             "36+ffn25": shrunk(lambda s: kept36[s.name], 0.25)}
+
+
+def plain(value):
+    """A record with every `AtomList` / `AtomDict` / `AtomTuple` in it a plain list / dict / tuple again."""
+    if isinstance(value, dict):
+        return {key: plain(item) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return (tuple if isinstance(value, tuple) else list)(plain(item) for item in value)
+    return value
+
+
+def with_plain_records(model):
+    """A copy of shrunk `model` whose config holds its prunetrain records as plain containers (`--plain-records`)."""
+    clone = copy.deepcopy(model)
+    state = vars(clone.config)
+    for key in [key for key in state if key.startswith(RECORD_PREFIX)]:
+        state[key] = plain(state[key])
+    return clone
 
 
 def outside_loss(loss: str):
@@ -211,6 +234,8 @@ def main() -> None:
                         "(module docstring; default model+adamw)")
     p.add_argument("--arms", type=lambda text: text.split(","), default=list(ARMS),
                    help=f"comma-separated, of {', '.join(ARMS)} (default: all)")
+    p.add_argument("--plain-records", action="store_true",
+                   help="also time every shrunk arm with its config's records as plain lists (module docstring)")
     C.add_device_option(p)
     args = p.parse_args()
     if not args.precisions or set(args.precisions) - {"bf16", "fp32"}:
@@ -230,6 +255,9 @@ def main() -> None:
                                               d_model=args.d_model, ffn_dim=args.ffn_dim)
     model, batches = model.to(device), [batch.to(device) for batch in batches]
     models = {name: m for name, m in arms(model).items() if name in args.arms}
+    if args.plain_records:
+        models.update({f"{name} plain": with_plain_records(m) for name, m in list(models.items()) if "shrunk" in name
+                       or "+" in name})
     flops = {name: count_flops(lambda m=m: m(**batches[0]).loss.backward()).total for name, m in models.items()}
     for m in models.values():
         m.zero_grad(set_to_none=True)
@@ -258,12 +286,12 @@ def main() -> None:
             if device.type == "cuda":
                 row["profile_shares"]["gpu busy"] = row["profile_shares"]["kernel_s"] / sum(medians)
     tail = "kernels / gpu busy" if device.type == "cuda" else "outside"
-    print(f"\n{'precision':9} {'variant':14} {'arm':11} {'step s':>7} {'fwd':>6} {'bwd':>6} {'optim':>6} "
+    print(f"\n{'precision':9} {'variant':14} {'arm':15} {'step s':>7} {'fwd':>6} {'bwd':>6} {'optim':>6} "
           f"{'speed':>6} {'ideal':>6}  "
           f"profile shares ({' / '.join([*CATEGORIES, 'other', tail])})")
     for (precision, variant, name), row in results.items():
         full = results[(precision, variant, "144")]
-        print(f"{precision:9} {variant:14} {name:11} {row['step_s']:7.4f} {row['forward_s']:6.4f} "
+        print(f"{precision:9} {variant:14} {name:15} {row['step_s']:7.4f} {row['forward_s']:6.4f} "
               f"{row['backward_s']:6.4f} {row['optimizer_s']:6.4f} {full['step_s'] / row['step_s']:6.2f} "
               f"{row['flop_ideal']:6.2f}  "
               + " / ".join(f"{v}" if isinstance(v, int) else f"{v:.2f}" for k, v in row["profile_shares"].items()
@@ -271,6 +299,8 @@ def main() -> None:
     suffix = "" if device.type == "cpu" else f"_{device.type}_b{args.batch}_d{args.d_model}"
     if args.variants != ["model+adamw"]:
         suffix += "_" + "_".join(args.variants)
+    if args.plain_records:
+        suffix += "_plain_records"
     C.write_json(C.output_path(args, "recipe_step_profile" + suffix), {
         "command": C.command_line(), **env, "device": C.device_label(device), "threads": torch.get_num_threads(),
         "batch": args.batch, "d_model": args.d_model, "ffn_dim": args.ffn_dim, "variants": args.variants,

@@ -43,6 +43,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from prunetrain.engine.config_records import make_records_cheap_to_copy
 from prunetrain.engine.heads import LAYOUT_CONFIG_KEY, all_sites, layout_record, unwrap_model
 from prunetrain.engine.peft_support import base_view
 from prunetrain.engine.own_config import own_config
@@ -341,6 +342,7 @@ def mark_pruned(model: nn.Module) -> None:
         spec.pop("auto_classes", None)
     config.__class__ = pruned_config_class(type(config))
     setattr(config, SPEC_KEY, spec)
+    make_records_cheap_to_copy(config)  # transformers deep-copies configs on every forward (engine.config_records)
 
 
 def write_pruned_files(config_path: Path, config, model: nn.Module | None = None, masks: list | None = None) -> None:

@@ -21,6 +21,7 @@ from torch import nn
 
 from prunetrain.engine import peft_support
 from prunetrain.engine.compile_room import make_room_for_layouts
+from prunetrain.engine.config_records import make_records_cheap_to_copy
 from prunetrain.engine.heads import LAYOUT_CONFIG_KEY, AttentionSite, HeadLayout, find_sites, live_sites, unwrap_model
 from prunetrain.engine.kv_cache import track_headless_cache
 from prunetrain.engine.mask import HeadMask, attached_masks, stray_mask_hooks
@@ -189,6 +190,7 @@ def shrink(
         setattr(model.config, FOLDED_CONFIG_KEY, {  # soft values folded in: recorded by original head index
             site.info.name: {str(site.info.heads[i]): float(keeps[site.info.name][i]) for i in positions.tolist()}
             for site, positions in plans})
+    make_records_cheap_to_copy(model.config)  # deep copies of the config stay cheap (engine.config_records)
     layout = find_sites(model, mask.layout.units)
     make_room_for_layouts(model, layout)  # a compiled model keeps a graph per layer layout (engine.compile_room)
     return layout
