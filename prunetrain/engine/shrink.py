@@ -136,8 +136,7 @@ def shrink(
       parameter objects kept (`prunetrain.engine.sharded`).
     - If `mask` is attached to `model` it is detached first (its zeros are now physical). Any other attached
       HeadMask is an error, since it would no longer match the model's shape.
-    - torch.compile's recompile limits are raised to hold a graph for every layer layout shrunk models in this
-      process have (`prunetrain.engine.compile_room`), so an unevenly shrunk model stays compiled in every layer.
+    - Dynamo's recompile limits are raised to hold a graph per layer layout (`prunetrain.engine.compile_room`).
     """
     if gqa_rounding not in GQA_ROUNDING:
         raise ValueError(f"gqa_rounding: {gqa_rounding!r} is not one of {', '.join(map(repr, GQA_ROUNDING))}.")
