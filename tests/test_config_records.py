@@ -17,7 +17,7 @@ import pytest
 import torch
 
 import prunetrain as pt
-from prunetrain.engine.config_records import AtomDict, AtomList, AtomTuple, cheap_to_copy
+from prunetrain.engine.config_records import ATOMS, AtomDict, AtomList, AtomTuple, cheap_to_copy
 from prunetrain.zoo import tiny_inputs, tiny_model
 
 
@@ -37,7 +37,7 @@ def _atom_copies(action) -> int:
     """How many atoms (ints, strs, ...) `copy.deepcopy` visits one by one while `action()` runs."""
     count = 0
     dispatch = copy._deepcopy_dispatch  # CPython's per-type table: every atom deepcopy visits goes through it
-    originals = {kind: dispatch[kind] for kind in (int, str, float, bool, type(None))}
+    originals = {kind: dispatch[kind] for kind in ATOMS}
 
     def counting(kind):
         def visit(value, memo):
