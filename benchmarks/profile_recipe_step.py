@@ -18,6 +18,13 @@ self times are summed by category (matmul, attention softmax, layer norm, embedd
 optimizer element-wise ops, copies and reshapes, other) — the profiler slows small ops, so read its shares, not its
 absolute times. FLOP-ideal: matmul FLOPs of the full step over the arm's (`prunetrain.bench.count_flops`).
 
+`--layout PATH` adds arms from a trained run's `layout.json` (e.g. the fast recipe's final architecture, whose
+FFNs keep 331–648 neurons each): `run` keeps its heads and per-layer FFN widths (the step its last stretch trains),
+`run ffn/M` (for each M of `--layout-multiples`, default 64) the same heads with every FFN width rounded to the
+nearest multiple of M (at least M): whether widths that are not a multiple of the CPU's or GPU's matmul tile cost
+more than their FLOPs (each arm's FLOP-ideal is against its own FLOPs, so the rounding's few neurons more or less
+do not count).
+
 `--plain-records` adds, beside every shrunk arm, the same model with its config's prunetrain records held as plain
 lists, dicts and tuples — what `shrink` left on a config before `prunetrain.engine.config_records`: transformers
 deep-copies the config twice in every forward of this model, and plain records cost one Python call per kept unit.
@@ -79,6 +86,17 @@ def category(op: str) -> str:
     return next((name for name, keys in CATEGORIES.items() if any(k in op for k in keys)), "other")
 
 
+def shrunk_to(model, kept):
+    """A shrunk copy of `model` keeping the first `kept(site)` heads or neurons of every site (which units stay does
+    not change the work)."""
+    clone = copy.deepcopy(model)
+    mask = HeadMask.ones(clone, units=("heads", "neurons"))
+    for site in mask.layout:
+        mask[site.name] = [1.0] * kept(site) + [0.0] * (site.num_heads - kept(site))
+    shrink(clone, mask)
+    return clone
+
+
 def arms(model) -> dict:
     kept36 = {s["name"]: s["num_heads"] for s in json.loads(LAYOUT.read_text())["sites"]}
 
@@ -91,18 +109,30 @@ def arms(model) -> dict:
         return clone
 
     def shrunk(counts, ffn_keep: float = 1.0):
-        clone = copy.deepcopy(model)
-        mask = HeadMask.ones(clone, units=("heads", "neurons"))
-        for site in mask.layout:
-            kept = counts(site) if site.unit == "heads" else round(ffn_keep * site.num_heads)
-            mask[site.name] = [1.0] * kept + [0.0] * (site.num_heads - kept)
-        shrink(clone, mask)
-        return clone
+        return shrunk_to(model, lambda site: counts(site) if site.unit == "heads" else round(ffn_keep * site.num_heads))
 
     return {"144": model, "108 masked": masked(lambda s: 6), "72 masked": masked(lambda s: 4),
             "72 shrunk": shrunk(lambda s: 4), "36 shrunk": shrunk(lambda s: kept36[s.name]),
             "144+ffn50": shrunk(lambda s: 8, 0.5), "36+ffn50": shrunk(lambda s: kept36[s.name], 0.5),
             "36+ffn25": shrunk(lambda s: kept36[s.name], 0.25)}
+
+
+def round_width(width: int, multiple: int) -> int:
+    """`width` rounded to the nearest multiple of `multiple` (ties: up), at least `multiple`."""
+    return max(multiple, multiple * ((2 * width + multiple) // (2 * multiple)))
+
+
+def layout_arms(model, layout: Path, multiples=(64,)) -> dict:
+    """`run` and `run ffn/M` (module docstring): `model` shrunk to the heads and FFN widths of `layout`, and the same
+    with every FFN width rounded to a multiple of each M of `multiples` (which units stay does not change the work)."""
+    sites = {s["name"]: s["num_heads"] for s in json.loads(layout.read_text())["sites"]}
+
+    def shrunk(width):
+        return shrunk_to(model, lambda site: sites[site.name] if site.unit == "heads"
+                         else min(width(sites[site.name]), site.num_heads))
+
+    return {"run": shrunk(lambda width: width),
+            **{f"run ffn/{m}": shrunk(lambda width, m=m: round_width(width, m)) for m in multiples}}
 
 
 def plain(value):
@@ -234,12 +264,20 @@ def main() -> None:
                         "(module docstring; default model+adamw)")
     p.add_argument("--arms", type=lambda text: text.split(","), default=list(ARMS),
                    help=f"comma-separated, of {', '.join(ARMS)} (default: all)")
+    p.add_argument("--layout", type=Path, default=None,
+                   help="a trained run's layout.json: adds the arms `run` and `run ffn/M` (module docstring)")
+    p.add_argument("--layout-multiples", type=lambda text: [int(m) for m in text.split(",")], default=[64],
+                   help="comma-separated multiples M for the `run ffn/M` arms of --layout (default 64)")
     p.add_argument("--plain-records", action="store_true",
                    help="also time every shrunk arm with its config's records as plain lists (module docstring)")
     C.add_device_option(p)
     args = p.parse_args()
     if not args.precisions or set(args.precisions) - {"bf16", "fp32"}:
         p.error(f"--precisions {','.join(args.precisions)!r} is not allowed: a comma-separated list of bf16, fp32")
+    if args.layout is not None and not args.layout.is_file():
+        p.error(f"--layout {str(args.layout)!r} is not allowed: the path of a run's layout.json")
+    if any(m < 1 for m in args.layout_multiples):
+        p.error(f"--layout-multiples {args.layout_multiples!r} is not allowed: positive whole numbers")
     if "144" not in args.arms or set(args.arms) - set(ARMS):
         p.error(f"--arms {','.join(args.arms)!r} is not allowed: a comma-separated list of {', '.join(ARMS)} "
                 f"that holds 144 (the speeds are against it)")
@@ -255,6 +293,8 @@ def main() -> None:
                                               d_model=args.d_model, ffn_dim=args.ffn_dim)
     model, batches = model.to(device), [batch.to(device) for batch in batches]
     models = {name: m for name, m in arms(model).items() if name in args.arms}
+    if args.layout is not None:
+        models.update(layout_arms(model, args.layout, args.layout_multiples))
     if args.plain_records:
         models.update({f"{name} plain": with_plain_records(m) for name, m in list(models.items()) if "shrunk" in name
                        or "+" in name})
@@ -301,6 +341,8 @@ def main() -> None:
         suffix += "_" + "_".join(args.variants)
     if args.plain_records:
         suffix += "_plain_records"
+    if args.layout is not None:
+        suffix += "_layout"
     C.write_json(C.output_path(args, "recipe_step_profile" + suffix), {
         "command": C.command_line(), **env, "device": C.device_label(device), "threads": torch.get_num_threads(),
         "batch": args.batch, "d_model": args.d_model, "ffn_dim": args.ffn_dim, "variants": args.variants,

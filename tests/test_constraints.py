@@ -68,3 +68,67 @@ def test_partly_kept_groups_are_rounded_to_whole_groups():
 def test_bad_constraints_are_one_sentence(kwargs, pattern):
     with pytest.raises(ValueError, match=pattern):
         ServingConstraints(**kwargs)
+
+
+def _unit_scores(model, seed=0):
+    layout = pt.find_sites(model, ("heads", "neurons"))
+    gen = torch.Generator().manual_seed(seed)
+    return HeadScores(layout, {s.name: torch.rand(s.num_heads, generator=gen) for s in layout})
+
+
+def _kept(mask, unit):
+    return {s.name: int((mask[s.name] != 0).sum()) for s in mask.layout if s.unit == unit}
+
+
+def test_ffn_widths_move_to_the_nearest_multiple_and_the_best_neurons_stay():
+    model = tiny_model("marian")  # 4 FFNs of 64 neurons, 4 heads per attention
+    scores = _unit_scores(model)
+    constraints = ServingConstraints(neurons_multiple_of=8)
+    plain = select_heads(scores, {"heads": 0.5, "neurons": 0.6})
+    mask = select_heads(scores, {"heads": 0.5, "neurons": 0.6}, constraints=constraints)
+    before, after = _kept(plain, "neurons"), _kept(mask, "neurons")
+    assert any(width % 8 for width in before.values())  # the case is not trivially satisfied
+    assert satisfied(plain, constraints) != [] and satisfied(mask, constraints) == []
+    for name, width in before.items():
+        assert after[name] % 8 == 0 and abs(after[name] - width) <= 4  # the nearest multiple
+        kept_before, kept_after = set(plain.kept(name)), set(mask.kept(name))
+        ranked = sorted(range(64), key=lambda n: -float(scores[name][n]))
+        # rounded down: the lowest-scoring kept neurons go; rounded up: the best removed ones come back
+        removed_best_first = [n for n in ranked if n not in kept_before]
+        expected = (kept_before - set(sorted(kept_before, key=ranked.index)[after[name]:]) if after[name] <= width
+                    else kept_before | set(removed_best_first[:after[name] - width]))
+        assert kept_after == expected
+    assert _kept(mask, "heads") == _kept(plain, "heads")  # the heads are not touched
+    pt.shrink(model, mask)
+    assert all(s.num_heads % 8 == 0 for s in pt.find_sites(model, ("neurons",)))
+
+
+def test_each_multiple_applies_to_its_own_unit_and_a_whole_width_may_stay():
+    model = tiny_model("marian")
+    layout = pt.find_sites(model, ("heads", "neurons"))
+    ffn = [s.name for s in layout if s.unit == "neurons"]
+    mask = pt.HeadMask(layout)
+    mask[ffn[0]] = [1.0] * 37 + [0.0] * 27  # 37 neurons: odd
+    heads_only = apply_constraints(mask, None, ServingConstraints(heads_multiple_of=2))
+    assert _kept(heads_only, "neurons")[ffn[0]] == 37  # a tensor-parallel degree leaves FFN widths alone
+    out = apply_constraints(mask, None, ServingConstraints(neurons_multiple_of=48))
+    # 37 → 48 (nearer than 0); a site never pruned keeps its whole 64 though 48 does not divide it
+    assert _kept(out, "neurons") == {name: 48 if name == ffn[0] else 64 for name in ffn}
+    assert _kept(out, "heads") == _kept(mask, "heads")
+    assert satisfied(out, ServingConstraints(neurons_multiple_of=48)) == []
+
+
+def test_one_head_count_per_stack_leaves_each_ffn_its_own_width():
+    model = tiny_model("marian")
+    layout = pt.find_sites(model, ("heads", "neurons"))
+    mask = pt.HeadMask(layout)
+    widths = [16, 24, 40, 56]
+    for site, width in zip([s for s in layout if s.unit == "neurons"], widths):
+        mask[site.name] = [1.0] * width + [0.0] * (64 - width)
+    out = apply_constraints(mask, None, ServingConstraints(same_heads_per_stack=True))
+    assert list(_kept(out, "neurons").values()) == widths  # CTranslate2 takes a width per layer
+
+
+def test_a_bad_ffn_multiple_is_one_sentence():
+    with pytest.raises(ValueError, match=r"neurons_multiple_of: 0 is not allowed; expected an integer >= 1"):
+        ServingConstraints(neurons_multiple_of=0)

@@ -77,3 +77,20 @@ def test_the_fast_smoke_prunes_heads_and_neurons_and_saves_the_small_model(tmp_p
     record = apply_initial_architecture(scratch, fresh)
     assert (record["heads"], record["neurons"]) == (6, 128)
     assert {s.name: s.num_heads for s in pt.find_sites(fresh, ("neurons",))} == results["ffn_widths"]
+
+
+@pytest.mark.slow
+def test_the_fast_smoke_with_ffn_widths_in_a_tile_keeps_multiples_of_it(tmp_path, multi30k_dir):
+    """`pruning.ffn_multiple_of`: every FFN's width after each pruning step is the multiple of 8 nearest what its
+    neurons' importance asks (benchmarks/README.md l6: odd widths step slower than their FLOPs say)."""
+    out = tmp_path / "run"
+    done = run_cli("recipe", "wmt-small-deen-fast", "--smoke", "--set", "pruning.ffn_multiple_of=8", "--set",
+                   "eval.bench=false", "--set", "eval.more_test_splits=[]", "--set", "eval.test_steps=[]", "--set",
+                   "eval.num_beams=1", "--set", "eval.test_limit=16", "--data-dir", multi30k_dir, "--output", out)
+    assert done.returncode == 0, done.stderr[-3000:]
+    results = json.loads((out / "results.json").read_text())
+    widths = results["ffn_widths"]
+    assert len(widths) == 4 and all(width % 8 == 0 for width in widths.values())
+    assert abs(sum(widths.values()) - 128) <= 16  # half of 4 × 64, each width moved by at most 4
+    model = pt.load_pruned(out / "pruned")
+    assert {s.name: s.num_heads for s in pt.find_sites(model, ("neurons",))} == widths

@@ -74,6 +74,10 @@ def test_the_smoke_recipe_gates_heads_and_ffn_neurons_to_a_flop_share(tmp_path, 
      r"pruning.ffn_schedule_steps: .* but pruning.method=l0 lets the gates choose; gate FFN neurons with "
      r"pruning.l0_target_flops"),
     (["pruning.l0_target_flops=0.3"], r"pruning.l0_target_flops: 0.3 needs pruning.method=l0"),
+    (["pruning.ffn_multiple_of=8"], r"pruning.ffn_multiple_of: 8 rounds the widths of pruned FFNs, but no FFN neuron "
+                                    r"is pruned; give pruning.ffn_schedule_steps"),
+    (["pruning.ffn_multiple_of=0", "pruning.ffn_schedule_steps={10: 0.5}"],
+     r"pruning.ffn_multiple_of: 0 is not allowed; expected an integer >= 1"),
     (["pruning.method=l0", "pruning.l0_target_flops=1.0"],
      r"pruning.l0_target_flops: 1.0 is not allowed; expected a finite number in \[0, 1\)"),
     (["pruning.shrink_steps=[15]", "pruning.ffn_schedule_steps={10: 0.5}"],

@@ -139,6 +139,9 @@ class PruningConfig:
     ffn_schedule_steps: dict[int, float] = field(default_factory=dict)  # FFN neurons pruned during training:
     # {step: cumulative fraction of all FFN neurons}, ranked by importance over every FFN (scored in the heads'
     # backward pass); its steps may differ from schedule_steps', and shrink_steps may name either's
+    ffn_multiple_of: int = 1  # every FFN keeps a multiple of this many neurons (the nearest to what its importance
+    # asks, the highest-scoring stay; ServingConstraints.neurons_multiple_of), so its matmuls fit the hardware's tile:
+    # e.g. 64 (benchmarks/README.md l6: odd widths stepped slower than the full model on an AMX Xeon); 1: any width
     mode: str = "mask"  # during-training pruning: mask | shrink
     shrink_steps: list[int] = field(default_factory=list)  # mode mask: steps of schedule_steps at which the heads
     # masked so far are removed physically (optimizer state sliced): masks first, then a mid-training shrink
@@ -176,6 +179,11 @@ class PruningConfig:
             if any(later < earlier for earlier, later in zip(amounts, amounts[1:])):
                 raise ValueError(f"pruning.{key}: {table!r} is not allowed; fractions are cumulative, so they must "
                                  f"not decrease from one {unit} to the next.")
+        check_int("pruning.ffn_multiple_of", self.ffn_multiple_of, 1)
+        if self.ffn_multiple_of > 1 and not (self.ffn_schedule_steps or self.l0_target_flops):
+            raise ValueError(f"pruning.ffn_multiple_of: {self.ffn_multiple_of} rounds the widths of pruned FFNs, but "
+                             f"no FFN neuron is pruned; give pruning.ffn_schedule_steps (or pruning.l0_target_flops "
+                             f"with method l0), or leave it at 1.")
         check_choice("pruning.mode", self.mode, MODES)
         check_step_points("pruning.shrink_steps", self.shrink_steps)
         for step in self.shrink_steps:

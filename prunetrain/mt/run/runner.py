@@ -67,6 +67,7 @@ def make_callbacks(recipe: Recipe, inputs: RunInputs, model_config=None) -> tupl
     (the `distill` section; `model_config`: the run's model config, which a given teacher must match), importance
     (and scheduled pruning, or Hard-Concrete gates with `pruning.method: l0`) and pruned-BLEU curves at their
     points, and the time cap (a guard). Returns (callbacks, time cap, clock)."""
+    from prunetrain.methods.constraints import ServingConstraints
     from prunetrain.mt.evaluation.metrics import bleu_metric
     from prunetrain.training.callbacks import (HardConcreteCallback, HeadPruningCallback, PruningCurveCallback,
                                                budget_cooldown)
@@ -96,7 +97,8 @@ def make_callbacks(recipe: Recipe, inputs: RunInputs, model_config=None) -> tupl
         prune_steps = {s: recipe.kind_amounts(f) for s, f in p.schedule_steps.items()} or None
     if p.ffn_schedule_steps:  # heads and neurons, each ranked within its unit: {"heads": h, "neurons": f}
         prune_steps = unit_amounts(p.schedule_steps, p.ffn_schedule_steps)
-    heads = Heads(scope=p.scope, min_heads_per_layer=p.min_heads_per_layer)
+    constraints = ServingConstraints(neurons_multiple_of=p.ffn_multiple_of) if p.ffn_multiple_of > 1 else None
+    heads = Heads(scope=p.scope, min_heads_per_layer=p.min_heads_per_layer, constraints=constraints)
     importance = Importance(batches=inputs.importance_batches)
     schedule = Schedule(at_epochs=epochs, at_steps=p.importance_steps, prune=None if l0 else prune,
                         prune_steps=None if l0 else prune_steps, shrink_steps=() if l0 else p.shrink_steps)
@@ -109,7 +111,7 @@ def make_callbacks(recipe: Recipe, inputs: RunInputs, model_config=None) -> tupl
                              init_log_alpha=p.l0_init_log_alpha, seed=t.seed)
         budget = {"target_flops": p.l0_target_flops} if p.l0_target_flops else {"target_heads": p.l0_target_heads}
         callbacks.append(HardConcreteCallback(**budget, start_step=p.l0_start_step, finalize="shrink",
-                                              training=gates))
+                                              training=gates, heads=Heads(constraints=constraints)))
     if curve_epochs or p.curve_steps:
         metric = bleu_metric(inputs.tokenizer, inputs.curve_pairs, batch_size=recipe.eval.curve_batch_size,
                              autocast_bf16=inputs.bf16)
