@@ -11,8 +11,8 @@ from prunetrain.methods.selection import select_heads
 from prunetrain.zoo import tiny_model
 
 
-def _scores(model, seed=0):
-    layout = pt.find_heads(model)
+def _scores(model, seed=0, units=("heads",)):
+    layout = pt.find_sites(model, units)
     gen = torch.Generator().manual_seed(seed)
     return HeadScores(layout, {s.name: torch.rand(s.num_heads, generator=gen) for s in layout})
 
@@ -70,19 +70,13 @@ def test_bad_constraints_are_one_sentence(kwargs, pattern):
         ServingConstraints(**kwargs)
 
 
-def _unit_scores(model, seed=0):
-    layout = pt.find_sites(model, ("heads", "neurons"))
-    gen = torch.Generator().manual_seed(seed)
-    return HeadScores(layout, {s.name: torch.rand(s.num_heads, generator=gen) for s in layout})
-
-
 def _kept(mask, unit):
     return {s.name: int((mask[s.name] != 0).sum()) for s in mask.layout if s.unit == unit}
 
 
 def test_ffn_widths_move_to_the_nearest_multiple_and_the_best_neurons_stay():
     model = tiny_model("marian")  # 4 FFNs of 64 neurons, 4 heads per attention
-    scores = _unit_scores(model)
+    scores = _scores(model, units=("heads", "neurons"))
     constraints = ServingConstraints(neurons_multiple_of=8)
     plain = select_heads(scores, {"heads": 0.5, "neurons": 0.6})
     mask = select_heads(scores, {"heads": 0.5, "neurons": 0.6}, constraints=constraints)

@@ -92,8 +92,8 @@ def _whole(site) -> bool:
 def _nearest_allowed(count: float, site, constraints: ServingConstraints, units: int | None = None) -> int:
     """The allowed unit count nearest `count` (ties: fewer) among 0..`units` (default: the site's units)."""
     units = site.num_heads // site.group_size if units is None else units
-    multiple = _multiple(site, constraints)
-    allowed = [u for u in range(units + 1) if u % multiple == 0 or (u == site.num_heads and _whole(site))]
+    multiple, whole = _multiple(site, constraints), site.num_heads if _whole(site) else None
+    allowed = [u for u in range(units + 1) if u % multiple == 0 or u == whole]
     return min(allowed, key=lambda u: (abs(u - count), u))
 
 
