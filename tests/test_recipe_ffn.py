@@ -1,8 +1,8 @@
 """FFN neurons in the recipe and the CLI. The recipe prunes them during training beside the heads
 (`pruning.ffn_schedule_steps`): the smoke preset end to end with FFN masks, a mid-training shrink of both units, the
 final model's FFN widths in results.json, the report and the summary, and the saved model loading with them; bad FFN
-settings are one line, exit 2. `prunetrain prune --ffn-amount/--flops` and `prunetrain shrink` with a mask over both
-units."""
+settings (and bad serving constraints) are one line, exit 2. `prunetrain prune --ffn-amount/--flops` and `prunetrain
+shrink` with a mask over both units; `prunetrain prune --heads-multiple-of/--ffn-multiple-of`."""
 
 from __future__ import annotations
 
@@ -78,6 +78,10 @@ def test_the_smoke_recipe_gates_heads_and_ffn_neurons_to_a_flop_share(tmp_path, 
                                     r"is pruned; give pruning.ffn_schedule_steps"),
     (["pruning.ffn_multiple_of=0", "pruning.ffn_schedule_steps={10: 0.5}"],
      r"pruning.ffn_multiple_of: 0 is not allowed; expected an integer >= 1"),
+    (["pruning.same_heads_per_stack=1"], r"pruning.same_heads_per_stack: 1 is not a boolean \(true/false\)"),
+    (["pruning.kept_per_kind={encoder_self: 6, decoder_self: 12, cross: 18}", "pruning.same_heads_per_stack=true"],
+     r"pruning.same_heads_per_stack: true would move the counts pruning.kept_per_kind=.* fixes for each attention "
+     r"kind; give one or the other"),
     (["pruning.method=l0", "pruning.l0_target_flops=1.0"],
      r"pruning.l0_target_flops: 1.0 is not allowed; expected a finite number in \[0, 1\)"),
     (["pruning.shrink_steps=[15]", "pruning.ffn_schedule_steps={10: 0.5}"],
@@ -125,6 +129,35 @@ def test_cli_prune_removes_ffn_neurons_by_amount_or_flop_share(tmp_path, tiny_tr
     assert json.loads(again.stdout)["neurons_kept"] == neurons // 2
     for args, pattern in ((["--ffn-amount", "1.5"], r"--ffn-amount: 1.5 is not a fraction in \[0, 1\]"),
                           (["--flops", "nan"], r"--flops: nan is not a fraction in \[0, 1\]")):
+        bad = run_cli("prune", tiny_translation_model, "--output", tmp_path / "bad", *args, *common)
+        assert bad.returncode == 2 and re.search(pattern, bad.stderr), bad.stderr[-2000:]
+        assert not (tmp_path / "bad").exists()
+
+
+def test_cli_prune_keeps_head_counts_and_ffn_widths_in_multiples(tmp_path, tiny_translation_model, multi30k_dir):
+    """`prunetrain prune --heads-multiple-of 2 --ffn-multiple-of 8`: 3 of the 6 heads and 45 of the 64 neurons asked
+    for (odd counts no multiples can sum to), every site ends at a multiple (an FFN may stay whole), in the saved
+    model and in its mask.json; the flags' bad values are one line, exit 2, before anything is written."""
+    from hostile import write_small_data
+
+    data = write_small_data(tmp_path / "data", multi30k_dir, pairs=4)
+    common = ["--data-dir", data, "--num-batches", "1", "--batch-size", "4"]
+    done = run_cli("prune", tiny_translation_model, "--output", tmp_path / "tiles", "--amount", "0.5",
+                   "--min-heads-per-layer", "0", "--heads-multiple-of", "2", "--ffn-amount", "0.3",
+                   "--ffn-multiple-of", "8", *common)
+    assert done.returncode == 0, done.stderr[-3000:]
+    model = pt.load_pruned(tmp_path / "tiles")
+    heads, neurons = pt.find_heads(model), pt.find_neurons(model)
+    assert [site.num_heads % 2 for site in heads] == [0, 0, 0]
+    assert all(site.num_heads % 8 == 0 or site.num_heads == 32 for site in neurons)
+    assert 0 < neurons.total_neurons < 64
+    saved = json.loads((tmp_path / "tiles" / "mask.json").read_text())["sites"]
+    assert {name: sum(1 for v in keep if v != 0) for name, keep in saved.items()} == \
+        {site.name: site.num_heads for site in (*heads, *neurons)}
+    for args, pattern in ((["--ffn-multiple-of", "8"], r"--ffn-multiple-of: 8 rounds the widths of pruned FFNs, but "
+                                                       r"no FFN neuron is pruned; give --ffn-amount or --flops\."),
+                          (["--heads-multiple-of", "0"], r"--heads-multiple-of: 0 is not allowed; expected an integer "
+                                                         r">= 1")):
         bad = run_cli("prune", tiny_translation_model, "--output", tmp_path / "bad", *args, *common)
         assert bad.returncode == 2 and re.search(pattern, bad.stderr), bad.stderr[-2000:]
         assert not (tmp_path / "bad").exists()

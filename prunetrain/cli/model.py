@@ -65,6 +65,15 @@ def prune(
     num_batches: int = typer.Option(8), batch_size: int = typer.Option(64),
     scope: str = typer.Option("global", help="global | layer | kind"),
     min_heads_per_layer: int = typer.Option(1),
+    heads_multiple_of: int = typer.Option(1, help="Every attention site keeps a multiple of this many heads (of "
+                                                  "key/value groups with grouped-query attention), e.g. a "
+                                                  "tensor-parallel degree; 1: no constraint."),
+    ffn_multiple_of: int = typer.Option(1, help="Every pruned FFN keeps a multiple of this many neurons (a matmul "
+                                                "tile, e.g. 64: bf16 matmuls can run at half speed at odd widths); "
+                                                "1: no constraint. Needs --ffn-amount or --flops."),
+    same_heads_per_stack: bool = typer.Option(False, help="Every encoder site keeps the same number of heads, and "
+                                                          "every decoder site (self and cross) the same: "
+                                                          "CTranslate2's layout, exported without padding."),
     tokenizer: Optional[Path] = typer.Option(None, help=TOKENIZER_HELP),
     overwrite: bool = typer.Option(False, help="Replace --output if it holds a model prunetrain wrote (it may be the "
                                                "model itself); the old one stays whole until the new one is "
@@ -73,9 +82,14 @@ def prune(
     """Prune the least important heads (and FFN neurons, with --ffn-amount or --flops) of a saved translation model and
     save it shrunk (with its tokenizer and mask.json).
 
+    --heads-multiple-of, --ffn-multiple-of and --same-heads-per-stack move each site's count to the nearest allowed
+    one after the selection (the highest-scoring units stay), so the share removed can move a little from --amount,
+    --ffn-amount or --flops.
+
     Parallel text only (translation models): for a classifier or any other model use the Python API
     (`prunetrain.head_importance`, `select_heads`, `shrink`, `save_pruned`), or `prunetrain shrink` with a mask."""
     from prunetrain.engine.shrink import shrink as do_shrink
+    from prunetrain.methods.constraints import apply_constraints
     from prunetrain.methods.flop_budget import select_by_flops
     from prunetrain.methods.importance import head_importance
     from prunetrain.methods.selection import select_heads
@@ -91,6 +105,7 @@ def prune(
     if flops is not None:
         check_fraction("--flops", flops)
     units = ("heads", "neurons") if ffn_amount or flops is not None else ("heads",)
+    constraints = _serving_constraints(heads_multiple_of, ffn_multiple_of, same_heads_per_stack, units)
     translation_model_dir(model)
     check_data_dir(data_dir)
     with output_paths.output_lock(output):  # held for the whole command: a second writer of --output fails at once
@@ -98,18 +113,35 @@ def prune(
         net = load_model(model)
         tok, _, batches = translation_batches(model, tokenizer, data_dir, split, num_batches, batch_size, net)
         if flops is not None:  # raw scores: a head and a neuron compared by loss per multiply-add
-            mask = select_by_flops(head_importance(net, batches, normalize=None, units=units), float(flops), net,
-                                   min_per_site=min_heads_per_layer)
+            scores = head_importance(net, batches, normalize=None, units=units)
+            mask = select_by_flops(scores, float(flops), net, min_per_site=min_heads_per_layer)
         else:
-            mask = select_heads(head_importance(net, batches, units=units),
-                                {"heads": value, "neurons": ffn_amount} if ffn_amount else value, scope=scope,
+            scores = head_importance(net, batches, units=units)
+            mask = select_heads(scores, {"heads": value, "neurons": ffn_amount} if ffn_amount else value, scope=scope,
                                 min_heads_per_layer=min_heads_per_layer)
+        if constraints is not None:
+            mask = apply_constraints(mask, scores, constraints)
         layout = do_shrink(net, mask)
         with output_paths.staging_directory(output) as staging:  # everything read; output may be the model itself
             save_translation_model(net, tok, staging / "model")
             mask.to_json(staging / "model" / "mask.json")
             output_paths.replace_directory(staging / "model", output, kind="model")  # old one whole until now
     emit(_kept_summary(output, layout), None)
+
+
+def _serving_constraints(heads_multiple_of: int, ffn_multiple_of: int, same_heads_per_stack: bool, units):
+    """The `ServingConstraints` of prune's flags, None when every flag is at its default (no constraint)."""
+    from prunetrain.methods.constraints import ServingConstraints
+
+    check_int("--heads-multiple-of", heads_multiple_of, 1)
+    check_int("--ffn-multiple-of", ffn_multiple_of, 1)
+    if ffn_multiple_of > 1 and "neurons" not in units:
+        raise UserError(f"--ffn-multiple-of: {ffn_multiple_of} rounds the widths of pruned FFNs, but no FFN neuron is "
+                        f"pruned; give --ffn-amount or --flops.")
+    if heads_multiple_of == 1 and ffn_multiple_of == 1 and not same_heads_per_stack:
+        return None
+    return ServingConstraints(same_heads_per_stack=same_heads_per_stack, heads_multiple_of=heads_multiple_of,
+                              neurons_multiple_of=ffn_multiple_of)
 
 
 def _kept_summary(output: Path, layout) -> dict:

@@ -142,6 +142,9 @@ class PruningConfig:
     ffn_multiple_of: int = 1  # every FFN keeps a multiple of this many neurons (the nearest to what its importance
     # asks, the highest-scoring stay; ServingConstraints.neurons_multiple_of), so its matmuls fit the hardware's tile:
     # e.g. 64 (benchmarks/README.md l6: odd widths stepped slower than the full model on an AMX Xeon); 1: any width
+    same_heads_per_stack: bool = False  # every encoder attention keeps the same number of heads, and every decoder
+    # attention (self and cross) the same, after each pruning step and the final one (ServingConstraints.
+    # same_heads_per_stack): CTranslate2 runs such a model without padding heads (benchmarks/README.md j)
     mode: str = "mask"  # during-training pruning: mask | shrink
     shrink_steps: list[int] = field(default_factory=list)  # mode mask: steps of schedule_steps at which the heads
     # masked so far are removed physically (optimizer state sliced): masks first, then a mid-training shrink
@@ -184,6 +187,10 @@ class PruningConfig:
             raise ValueError(f"pruning.ffn_multiple_of: {self.ffn_multiple_of} rounds the widths of pruned FFNs, but "
                              f"no FFN neuron is pruned; give pruning.ffn_schedule_steps (or pruning.l0_target_flops "
                              f"with method l0), or leave it at 1.")
+        check_bool("pruning.same_heads_per_stack", self.same_heads_per_stack)
+        if self.same_heads_per_stack and self.kept_per_kind:
+            raise ValueError(f"pruning.same_heads_per_stack: true would move the counts pruning.kept_per_kind="
+                             f"{self.kept_per_kind!r} fixes for each attention kind; give one or the other.")
         check_choice("pruning.mode", self.mode, MODES)
         check_step_points("pruning.shrink_steps", self.shrink_steps)
         for step in self.shrink_steps:

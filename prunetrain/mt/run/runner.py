@@ -62,12 +62,22 @@ def beyond_epochs(recipe: Recipe) -> dict[str, list[float]]:
     return {k: v for k, v in out.items() if v}
 
 
+def serving_constraints(recipe: Recipe):
+    """The `ServingConstraints` of `pruning.ffn_multiple_of` and `pruning.same_heads_per_stack`, None at their
+    defaults (no constraint)."""
+    from prunetrain.methods.constraints import ServingConstraints
+
+    p = recipe.pruning
+    if p.ffn_multiple_of == 1 and not p.same_heads_per_stack:
+        return None
+    return ServingConstraints(neurons_multiple_of=p.ffn_multiple_of, same_heads_per_stack=p.same_heads_per_stack)
+
+
 def make_callbacks(recipe: Recipe, inputs: RunInputs, model_config=None) -> tuple[list, TimeCapCallback, object]:
     """The training clock with test BLEU at `eval.test_steps` (first, so it times the steps alone), distillation
     (the `distill` section; `model_config`: the run's model config, which a given teacher must match), importance
     (and scheduled pruning, or Hard-Concrete gates with `pruning.method: l0`) and pruned-BLEU curves at their
     points, and the time cap (a guard). Returns (callbacks, time cap, clock)."""
-    from prunetrain.methods.constraints import ServingConstraints
     from prunetrain.mt.evaluation.metrics import bleu_metric
     from prunetrain.training.callbacks import (HardConcreteCallback, HeadPruningCallback, PruningCurveCallback,
                                                budget_cooldown)
@@ -97,7 +107,7 @@ def make_callbacks(recipe: Recipe, inputs: RunInputs, model_config=None) -> tupl
         prune_steps = {s: recipe.kind_amounts(f) for s, f in p.schedule_steps.items()} or None
     if p.ffn_schedule_steps:  # heads and neurons, each ranked within its unit: {"heads": h, "neurons": f}
         prune_steps = unit_amounts(p.schedule_steps, p.ffn_schedule_steps)
-    constraints = ServingConstraints(neurons_multiple_of=p.ffn_multiple_of) if p.ffn_multiple_of > 1 else None
+    constraints = serving_constraints(recipe)
     heads = Heads(scope=p.scope, min_heads_per_layer=p.min_heads_per_layer, constraints=constraints)
     importance = Importance(batches=inputs.importance_batches)
     schedule = Schedule(at_epochs=epochs, at_steps=p.importance_steps, prune=None if l0 else prune,
@@ -190,7 +200,7 @@ def prune_and_evaluate(recipe: Recipe, model, inputs: RunInputs, progress: Calla
         return {"model": model, "pruned": model, "mask": HeadMask.ones(model), "full": trained, "masked": None,
                 "shrunk": trained}
     final_mask = select_heads(head_importance(model, inputs.importance_batches), p.final_fraction, scope=p.scope,
-                              min_heads_per_layer=p.min_heads_per_layer)
+                              min_heads_per_layer=p.min_heads_per_layer, constraints=serving_constraints(recipe))
     with final_mask.applied(model):
         masked = evaluate_bleu(model, inputs.tokenizer, inputs.test_pairs, **score)
     pruned = copy.deepcopy(model)
