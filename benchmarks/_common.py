@@ -138,6 +138,22 @@ def shrunk_copy(model, kept: Callable[[object], int], seed: int = 0):
     return clone
 
 
+def shrunk_to(model, kept: Callable[[object], int]):
+    """A shrunk copy of `model` keeping the first `kept(site)` heads or neurons of every site (which units stay does
+    not change the work)."""
+    clone = copy.deepcopy(model)
+    mask = HeadMask.ones(clone, units=("heads", "neurons"))
+    for site in mask.layout:
+        mask[site.name] = [1.0] * kept(site) + [0.0] * (site.num_heads - kept(site))
+    shrink(clone, mask)
+    return clone
+
+
+def round_width(width: int, multiple: int) -> int:
+    """`width` rounded to the nearest multiple of `multiple` (ties: up), at least `multiple`."""
+    return max(multiple, multiple * ((2 * width + multiple) // (2 * multiple)))
+
+
 def fraction_kept(fraction_removed: float) -> Callable[[object], int]:
     return lambda site: site.num_heads - int(round(fraction_removed * site.num_heads))
 

@@ -10,6 +10,11 @@ Models: the main job's architecture (Marian 6+6, d_model 256, 8 heads of 32, FFN
   cross-attention: `ServingConstraints(same_heads_per_stack=True)`), which CTranslate2 runs without padding;
 - `pruned+ffn50`, `per-stack+ffn50`: the same head layouts with half of every FFN's neurons removed too (CTranslate2
   runs each layer's FFN at its own width: no FFN padding).
+With `--layout PATH` (a trained run's layout.json, e.g. the fast recipe's) the arms are instead `run` (its heads,
+padded per stack in CTranslate2, and its FFN widths), `run per-stack` (as many heads, one count per stack, the
+nearest: what `pruning.same_heads_per_stack` trains) and `run per-stack ffn/M` (the same with every FFN width rounded
+to a multiple of `--layout-multiple`, default 64: `pruning.ffn_multiple_of`); results/ctranslate2_layout.json.
+`--engines` times only some engines (PyTorch always: the last column compares with it).
 Speed does not depend on the weights' values, but a random model's outputs have random lengths, so every arm decodes
 exactly `--length` target tokens per sentence (`min_decoding_length = max_decoding_length`; PyTorch:
 `min_new_tokens = max_new_tokens`): the arms do the same number of steps and the speed-ups are compute speed-ups.
@@ -38,8 +43,8 @@ greedy and beam 4): how its time splits into matmuls and the rest, to show what 
 from __future__ import annotations
 
 import argparse
-import copy
 import json
+import os
 import statistics
 import sys
 import tempfile
@@ -49,7 +54,7 @@ from pathlib import Path
 import _common as C
 import torch
 
-from prunetrain import HeadMask, find_heads, shrink
+from prunetrain import find_heads
 from prunetrain.bench import count_flops
 
 REPO = Path(__file__).resolve().parents[1]
@@ -57,31 +62,49 @@ LAYOUT = REPO / "recipes/results/wmt-small-deen-study/small-steps-cooldown-s0/la
 DATA = REPO.parent / "shared/data/multi30k"
 
 
-def arms(model) -> dict:
-    """name → (shrunk model, FLOP-equivalent model of what CTranslate2 executes)."""
-    kept = {s["name"]: s["num_heads"] for s in json.loads(LAYOUT.read_text())["sites"]}
-    stack = {"encoder_self": "encoder", "decoder_self": "decoder", "cross": "decoder"}
+STACK = {"encoder_self": "encoder", "decoder_self": "decoder", "cross": "decoder"}
+
+
+def padded_counts(model, kept: dict) -> dict:
+    """Per attention site, the heads CTranslate2 executes for a model keeping `kept[site]`: its stack's largest
+    count (at least one)."""
     largest = {}
     for site in find_heads(model):
-        largest[stack[site.kind]] = max(largest.get(stack[site.kind], 1), kept[site.name])
+        largest[STACK[site.kind]] = max(largest.get(STACK[site.kind], 1), kept[site.name])
+    return {site.name: largest[STACK[site.kind]] for site in find_heads(model)}
 
-    def keep(counts, ffn_keep: float = 1.0):
-        clone = copy.deepcopy(model)
-        mask = HeadMask.ones(clone, units=("heads", "neurons"))
-        for site in mask.layout:
-            count = counts(site) if site.unit == "heads" else round(ffn_keep * site.num_heads)
-            mask[site.name] = [1.0] * count + [0.0] * (site.num_heads - count)
-        shrink(clone, mask)
-        return clone
 
-    def padded(site):
-        return largest[stack[site.kind]]
+def per_stack_counts(model, kept: dict) -> dict:
+    """Per attention site, as many heads in all as `kept` holds, one count per stack (the nearest)."""
+    sites = find_heads(model).sites
+    per_stack = {stack: round(sum(kept[s.name] for s in sites if STACK[s.kind] == stack)
+                              / sum(1 for s in sites if STACK[s.kind] == stack)) for stack in ("encoder", "decoder")}
+    return {site.name: per_stack[STACK[site.kind]] for site in sites}
 
-    return {"full": (model, model),
-            "pruned": (keep(lambda s: kept[s.name]), keep(padded)),
-            "per-stack": (keep(lambda s: 2),) * 2,
-            "pruned+ffn50": (keep(lambda s: kept[s.name], 0.5), keep(padded, 0.5)),
-            "per-stack+ffn50": (keep(lambda s: 2, 0.5),) * 2}
+
+def arms(model, layout: Path | None = None, multiple: int = 64) -> dict:
+    """name → (shrunk model, FLOP-equivalent model of what CTranslate2 executes); see the module docstring."""
+    kept = {s["name"]: s["num_heads"] for s in json.loads((layout or LAYOUT).read_text())["sites"]}
+
+    def keep(heads: dict, width=lambda site: site.num_heads):
+        return C.shrunk_to(model, lambda site: heads[site.name] if site.unit == "heads" else width(site))
+
+    def half(site):
+        return round(0.5 * site.num_heads)
+
+    padded, stacked = padded_counts(model, kept), per_stack_counts(model, kept)
+    if layout is not None:  # a trained run's heads and FFN widths, and the same in CTranslate2's layout
+        def trained(site):
+            return kept[site.name]
+
+        def rounded(site):
+            return min(C.round_width(kept[site.name], multiple), site.num_heads)
+
+        return {"full": (model, model), "run": (keep(kept, trained), keep(padded, trained)),
+                "run per-stack": (keep(stacked, trained),) * 2,
+                f"run per-stack ffn/{multiple}": (keep(stacked, rounded),) * 2}
+    return {"full": (model, model), "pruned": (keep(kept), keep(padded)), "per-stack": (keep(stacked),) * 2,
+            "pruned+ffn50": (keep(kept, half), keep(padded, half)), "per-stack+ffn50": (keep(stacked, half),) * 2}
 
 
 ENGINES = ("pytorch", "ct2-float32", "ct2-int8", "ct2-float32-inter")
@@ -187,10 +210,23 @@ def main():
     p.add_argument("--sentences", type=int, default=1000, help="Multi30k test sentences (default: all 1000)")
     p.add_argument("--arms", type=lambda text: text.split(","), default=None,
                    help="comma-separated arms to time (default: all; full is always timed)")
+    p.add_argument("--layout", type=Path, default=None,
+                   help="a trained run's layout.json: the arms become full, run, run per-stack, run per-stack ffn/M")
+    p.add_argument("--layout-multiple", type=int, default=64, help="M of --layout's last arm (default 64)")
+    p.add_argument("--engines", type=lambda text: text.split(","), default=list(ENGINES),
+                   help=f"comma-separated engines (default: all of {','.join(ENGINES)}; pytorch is always timed)")
     p.add_argument("--one", nargs=3, metavar=("ENGINE", "MODEL", "CT2_DIR"), help=argparse.SUPPRESS)
     p.add_argument("--profile-pytorch", type=int, default=0, metavar="BATCHES",
                    help="profile PyTorch generate on this many batches per arm instead of timing the engines")
     args = p.parse_args()
+    if args.layout is not None and not args.layout.is_file():
+        p.error(f"--layout {str(args.layout)!r} is not allowed: the path of a run's layout.json")
+    if args.layout_multiple < 1:
+        p.error(f"--layout-multiple {args.layout_multiple} is not allowed: a positive whole number")
+    unknown = [engine for engine in args.engines if engine not in ENGINES]
+    if unknown:
+        p.error(f"--engines {unknown[0]!r} is not allowed: one of {', '.join(ENGINES)}")
+    args.engines = ["pytorch"] + [engine for engine in args.engines if engine != "pytorch"]
     if args.quick:
         args.sentences = 200
     if args.one:  # a child: one configuration, its seconds on stdout
@@ -201,6 +237,7 @@ def main():
     from transformers import MarianMTModel
 
     from prunetrain.export.ctranslate2 import export_ctranslate2, padding_report
+    from prunetrain.mt.evaluation.ctranslate2_speed import gemm_backend
     from prunetrain.mt.text.data import marian_config, read_parallel, train_tokenizer
     from prunetrain.mt.evaluation.translation import save_translation_model
 
@@ -210,7 +247,8 @@ def main():
     tokenizer = train_tokenizer(read_parallel(DATA, "train"), vocab_size=8000)
     sources = [s for s, _ in read_parallel(DATA, "test")][: args.sentences]
     torch.manual_seed(0)
-    models = arms(MarianMTModel(marian_config(tokenizer, attn_implementation="sdpa")).eval())
+    models = arms(MarianMTModel(marian_config(tokenizer, attn_implementation="sdpa")).eval(), args.layout,
+                  args.layout_multiple)
     chosen = ["full"] + [name for name in models if name != "full" and (args.arms is None or name in args.arms)]
     models = {name: models[name] for name in chosen}
     encoded = torch_batches(tokenizer, sources, args.batch_size)
@@ -227,7 +265,9 @@ def main():
             flops = count_flops(lambda m=executed, b=beams: torch_translate(m, encoded[:1], b, args.length)).total
             rows[(name, beams)] = {"flops_one_batch": flops, **padding_report(model)}
     del models
-    keys = [(name, engine) for name in chosen for engine in ENGINES]
+    backend = gemm_backend(work / "full-ct2" / "float32")
+    print(f"CTranslate2's float32 matrix multiplies: {backend} (CT2_USE_MKL={os.environ.get('CT2_USE_MKL', 'unset')})")
+    keys = [(name, engine) for name in chosen for engine in args.engines]
     runs = C.rounds_in_fresh_processes(keys, lambda key: [
         sys.executable, __file__, "--one", key[1], str(work / key[0]), str(work / f"{key[0]}-ct2"),
         "--threads", str(threads), "--batch-size", str(args.batch_size), "--length", str(args.length),
@@ -250,17 +290,17 @@ def main():
                         "heads_executed": rows[(name, beams)]["heads_executed"],
                         "neurons_kept": rows[(name, beams)]["neurons_kept"],
                         "neurons_executed": rows[(name, beams)]["neurons_executed"], "all_seconds": values})
-    print(f"\n{'arm':16} {'engine':18} {'beams':>5} {'sent/s':>8} {'tok/s':>8} {'vs full':>8} {'ideal':>6} "
+    print(f"\n{'arm':26} {'engine':18} {'beams':>5} {'sent/s':>8} {'tok/s':>8} {'vs full':>8} {'ideal':>6} "
           f"{'share':>6} {'vs torch':>8}")
     for row in results:
         share = f"{row['share_of_ideal']:.2f}" if row["share_of_ideal"] is not None else "-"
-        print(f"{row['arm']:16} {row['engine']:18} {row['beams']:>5} {row['sentences_per_s']:8.1f} "
+        print(f"{row['arm']:26} {row['engine']:18} {row['beams']:>5} {row['sentences_per_s']:8.1f} "
               f"{row['target_tokens_per_s']:8.0f} {row['speedup_vs_full_same_engine']:8.2f} {row['flop_ideal']:6.2f} "
               f"{share:>6} {row['vs_pytorch_same_arm']:8.2f}")
-    C.write_json(C.output_path(args, "ctranslate2"), {
+    C.write_json(C.output_path(args, "ctranslate2" if args.layout is None else "ctranslate2_layout"), {
         "command": C.command_line(), **env, "threads": threads, "batch_size": args.batch_size,
         "length": args.length, "sentences": len(sources), "rounds": 1 if args.quick else args.repeats,
-        "one_process_per_timing": True, "ctranslate2": ctranslate2.__version__, "torch": torch.__version__,
+        "one_process_per_timing": True, "ctranslate2": ctranslate2.__version__, "gemm_backend": backend, "torch": torch.__version__,
         "results": results})
 
 

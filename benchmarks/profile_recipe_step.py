@@ -61,7 +61,7 @@ from pathlib import Path
 import _common as C
 import torch
 
-from prunetrain import HeadMask, find_heads, shrink
+from prunetrain import HeadMask, find_heads
 from prunetrain.bench import count_flops
 from prunetrain.engine.config_records import RECORD_PREFIX
 
@@ -86,17 +86,6 @@ def category(op: str) -> str:
     return next((name for name, keys in CATEGORIES.items() if any(k in op for k in keys)), "other")
 
 
-def shrunk_to(model, kept):
-    """A shrunk copy of `model` keeping the first `kept(site)` heads or neurons of every site (which units stay does
-    not change the work)."""
-    clone = copy.deepcopy(model)
-    mask = HeadMask.ones(clone, units=("heads", "neurons"))
-    for site in mask.layout:
-        mask[site.name] = [1.0] * kept(site) + [0.0] * (site.num_heads - kept(site))
-    shrink(clone, mask)
-    return clone
-
-
 def arms(model) -> dict:
     kept36 = {s["name"]: s["num_heads"] for s in json.loads(LAYOUT.read_text())["sites"]}
 
@@ -109,17 +98,13 @@ def arms(model) -> dict:
         return clone
 
     def shrunk(counts, ffn_keep: float = 1.0):
-        return shrunk_to(model, lambda site: counts(site) if site.unit == "heads" else round(ffn_keep * site.num_heads))
+        return C.shrunk_to(model, lambda site: counts(site) if site.unit == "heads"
+                           else round(ffn_keep * site.num_heads))
 
     return {"144": model, "108 masked": masked(lambda s: 6), "72 masked": masked(lambda s: 4),
             "72 shrunk": shrunk(lambda s: 4), "36 shrunk": shrunk(lambda s: kept36[s.name]),
             "144+ffn50": shrunk(lambda s: 8, 0.5), "36+ffn50": shrunk(lambda s: kept36[s.name], 0.5),
             "36+ffn25": shrunk(lambda s: kept36[s.name], 0.25)}
-
-
-def round_width(width: int, multiple: int) -> int:
-    """`width` rounded to the nearest multiple of `multiple` (ties: up), at least `multiple`."""
-    return max(multiple, multiple * ((2 * width + multiple) // (2 * multiple)))
 
 
 def layout_arms(model, layout: Path, multiples=(64,)) -> dict:
@@ -128,11 +113,11 @@ def layout_arms(model, layout: Path, multiples=(64,)) -> dict:
     sites = {s["name"]: s["num_heads"] for s in json.loads(layout.read_text())["sites"]}
 
     def shrunk(width):
-        return shrunk_to(model, lambda site: sites[site.name] if site.unit == "heads"
-                         else min(width(sites[site.name]), site.num_heads))
+        return C.shrunk_to(model, lambda site: sites[site.name] if site.unit == "heads"
+                           else min(width(sites[site.name]), site.num_heads))
 
     return {"run": shrunk(lambda width: width),
-            **{f"run ffn/{m}": shrunk(lambda width, m=m: round_width(width, m)) for m in multiples}}
+            **{f"run ffn/{m}": shrunk(lambda width, m=m: C.round_width(width, m)) for m in multiples}}
 
 
 def plain(value):

@@ -232,6 +232,7 @@ def test_smoke_recipe_runs_end_to_end(smoke_recipe_run):
     assert ct2 == json.loads((out / "bench_ctranslate2.json").read_text()) and ct2["speedup"] > 0
     assert (ct2["pruned"]["heads_kept"], ct2["full"]["heads_executed"], ct2["sentences"]) == (12, 24, 50)
     assert "## Speed where translation is served: CTranslate2" in report
+    assert ct2["gemm_backend"] and f"(matrix multiplies: {ct2['gemm_backend']};" in report
     assert results["time_cap"]["fired"] is False and results["time_cap"]["planned_steps"] == 40
     assert list((out / "runs").rglob("events.out.tfevents.*")) or list(out.rglob("events.out.tfevents.*"))
 

@@ -5,6 +5,7 @@ float32 and int8 on real Multi30k test sets, timed one translator per process; t
 from __future__ import annotations
 
 import json
+import platform
 import subprocess
 import sys
 from pathlib import Path
@@ -26,8 +27,9 @@ def runs(full_smoke_run, smoke_recipe_run):
 
 
 @pytest.mark.slow
-def test_every_model_is_scored_as_served_and_timed(runs, multi30k_dir, tmp_path):
+def test_every_model_is_scored_as_served_and_timed(runs, multi30k_dir, tmp_path, monkeypatch):
     from prunetrain.export.ctranslate2 import export_ctranslate2, translate_ctranslate2
+    from prunetrain.mt.evaluation.ctranslate2_speed import gemm_backend
     from prunetrain.mt.evaluation.translation import find_tokenizer_dir, load_translation_model
 
     full, pruned = runs
@@ -50,6 +52,11 @@ def test_every_model_is_scored_as_served_and_timed(runs, multi30k_dir, tmp_path)
         hypotheses = translate_ctranslate2(tmp_path / "ct2", [s for s, _ in pairs], num_beams=2)
         expected = score_translations(hypotheses, [t for _, t in pairs])
         assert rows["pruned", "float32"]["scores"][split] == {"bleu": expected["bleu"], "chrf": expected["chrf"]}
+    # the matrix-multiply library CTranslate2 ran, as it reports it; CT2_USE_MKL=0 makes it oneDNN on any x86 CPU
+    assert result["settings"]["gemm_backend"] == gemm_backend(tmp_path / "ct2") is not None
+    if platform.machine().lower() in ("x86_64", "amd64"):
+        monkeypatch.setenv("CT2_USE_MKL", "0")
+        assert gemm_backend(tmp_path / "ct2") == "DNNL"
     assert result["settings"]["timing_split"] == "test" and result["settings"]["test_sets"] == {"test": 40,
                                                                                                  "valid": 30}
     table = frontier_table(result).splitlines()

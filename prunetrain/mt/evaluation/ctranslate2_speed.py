@@ -14,6 +14,12 @@ second CTranslate2 translator with `intra_threads` > 1 — alive or deleted — 
 runtime sees more threads than cores and stops spinning, and every intra-threaded translator of that process, and
 PyTorch beside it, runs ~3× slower (benchmarks/README.md j). A server holds one translator; so does each timing.
 
+Which matrix-multiply library CTranslate2 runs is part of the result (`gemm_backend`): its pip wheels use Intel MKL
+on Intel CPUs and oneDNN (DNNL) elsewhere, and `CT2_USE_MKL=0` in the environment makes it use oneDNN on Intel too.
+The choice can matter more than the model: on a 2-core Intel Xeon with AMX, MKL decoded the recipe's full model at
+61 sentences/s at beam 4 and oneDNN at 126, and the fast recipe's final model gained 1.32× over the full one with
+MKL against 1.88× with oneDNN (benchmarks/README.md j4).
+
 The FLOP-ideal is not computed here (CTranslate2 executes the padding; `benchmarks/bench_ctranslate2.py` measures it
 against the FLOPs of what the engine runs).
 """
@@ -21,6 +27,8 @@ against the FLOPs of what the engine runs).
 from __future__ import annotations
 
 import json
+import os
+import re
 import statistics
 import subprocess
 import sys
@@ -28,7 +36,7 @@ import tempfile
 import time
 from pathlib import Path
 
-__all__ = ["ctranslate2_speed"]
+__all__ = ["ctranslate2_speed", "gemm_backend"]
 
 
 def ctranslate2_speed(pruned, full, tokenizer, sources: list[str], *, beams: int = 4, length: int = 20,
@@ -46,8 +54,9 @@ def ctranslate2_speed(pruned, full, tokenizer, sources: list[str], *, beams: int
         threads: CTranslate2's intra-op threads (default: torch's thread count).
 
     Returns:
-        {"engine", "compute_type", "beams", "length", "batch_size", "sentences", "rounds", "threads",
-         "full": {"median_s", "sentences_per_s", "heads_executed", "heads_kept"}, "pruned": {...}, "speedup"}.
+        {"engine", "compute_type", "gemm_backend", "beams", "length", "batch_size", "sentences", "rounds",
+         "threads", "full": {"median_s", "sentences_per_s", "heads_executed", "heads_kept"}, "pruned": {...},
+         "speedup"}.
     """
     import ctranslate2
     import torch
@@ -67,6 +76,7 @@ def ctranslate2_speed(pruned, full, tokenizer, sources: list[str], *, beams: int
             export_ctranslate2(model, Path(work) / name, saved)
             padding = padding_report(model)
             record[name] = {"heads_kept": padding["heads_kept"], "heads_executed": padding["heads_executed"]}
+        backend = gemm_backend(Path(work) / "full")
         times = {name: [] for name in record}
         names = list(record)
         for round_ in range(repeats):
@@ -75,9 +85,21 @@ def ctranslate2_speed(pruned, full, tokenizer, sources: list[str], *, beams: int
     for name, values in times.items():
         seconds = statistics.median(values)
         record[name].update(median_s=seconds, sentences_per_s=len(sources) / seconds, seconds=values)
-    return {"engine": f"ctranslate2 {ctranslate2.__version__}", "compute_type": "float32", "beams": beams,
+    return {"engine": f"ctranslate2 {ctranslate2.__version__}", "compute_type": "float32", "gemm_backend": backend,
+            "beams": beams,
             "length": length, "batch_size": batch_size, "sentences": len(sources), "rounds": repeats,
             "threads": threads, **record, "speedup": record["full"]["median_s"] / record["pruned"]["median_s"]}
+
+
+def gemm_backend(directory: Path) -> str | None:
+    """The float32 matrix-multiply library CTranslate2 uses in this environment ("MKL", "DNNL", ...), as it reports
+    it on loading the exported model in `directory` in a new process (`CT2_VERBOSE=1`, its "SGEMM backend" line;
+    `CT2_USE_MKL` in the environment chooses it on Intel CPUs); None when it does not say."""
+    done = subprocess.run([sys.executable, "-c", "import ctranslate2, sys; ctranslate2.Translator(sys.argv[1], "
+                           "device='cpu', intra_threads=1)", str(directory)],
+                          capture_output=True, text=True, env={**os.environ, "CT2_VERBOSE": "1"})
+    found = re.search(r"SGEMM backend: (\w+)", done.stderr)
+    return found.group(1) if found else None
 
 
 def _time_in_fresh_process(directory: Path, tokens_file: Path, beams: int, length: int, threads: int,

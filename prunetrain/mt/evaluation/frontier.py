@@ -56,7 +56,7 @@ def frontier(models: dict[str, str | Path], test_sets: dict[str, list[tuple[str,
     import torch
 
     from prunetrain.export.ctranslate2 import export_ctranslate2, padding_report, translate_ctranslate2
-    from prunetrain.mt.evaluation.ctranslate2_speed import _time_in_fresh_process
+    from prunetrain.mt.evaluation.ctranslate2_speed import _time_in_fresh_process, gemm_backend
     from prunetrain.mt.evaluation.translation import find_tokenizer_dir, load_translation_model, score_translations
     from prunetrain.mt.text.data import load_tokenizer
 
@@ -94,6 +94,7 @@ def frontier(models: dict[str, str | Path], test_sets: dict[str, list[tuple[str,
                              "parameters": sum(p.numel() for p in model.parameters()), "scores": scores,
                              "seconds": []})
                 progress(f"frontier: {name} {compute_type}: {timing_split} BLEU {scores[timing_split]['bleu']:.2f}")
+        backend = gemm_backend(Path(rows[0]["export"]))
         for round_ in range(repeats):
             shift = round_ % len(rows)
             for row in rows[shift:] + rows[:shift]:
@@ -107,7 +108,8 @@ def frontier(models: dict[str, str | Path], test_sets: dict[str, list[tuple[str,
         row["sentences_per_s"] = sentences / row["median_s"]
     for row in rows:
         row["speedup"] = rows[0]["median_s"] / row["median_s"]
-    return {"settings": {"engine": f"ctranslate2 {ctranslate2.__version__}", "beams": beams, "threads": threads,
+    return {"settings": {"engine": f"ctranslate2 {ctranslate2.__version__}", "gemm_backend": backend,
+                         "beams": beams, "threads": threads,
                          "batch_size": batch_size, "rounds": repeats, "timing_split": timing_split,
                          "timing_sentences": sentences, "decoding": "free (each output to its end, at most 256)",
                          "test_sets": {split: len(pairs) for split, pairs in test_sets.items()}},

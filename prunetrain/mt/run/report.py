@@ -421,10 +421,17 @@ def _ctranslate2_lines(ct2: dict | None) -> list[str]:
             f"{full['sentences_per_s']:.1f} | 1.00 |",
             f"| final model | {pruned['heads_kept']} | {pruned['heads_executed']} | {pruned['sentences_per_s']:.1f} | "
             f"{ct2['speedup']:.2f} |", "",
-            f"{ct2['engine']}, {ct2['compute_type']}, beam {ct2['beams']}, {ct2['sentences']} test sentences in "
+            f"{ct2['engine']}, {ct2['compute_type']}{_backend(ct2)}, beam {ct2['beams']}, {ct2['sentences']} test sentences in "
             f"batches of {ct2['batch_size']}, every output forced to {ct2['length']} tokens, {ct2['threads']} threads, "
             f"median of {ct2['rounds']} interleaved rounds. Serve the model with `prunetrain export pruned DIR "
             f"--format ctranslate2` (docs/export.md).", ""]
+
+
+def _backend(ct2: dict) -> str:
+    """The row's matrix-multiply library (MKL, DNNL, ...) for its note, "" for rows that did not record it (before
+    2026-12-01)."""
+    backend = ct2.get("gemm_backend")
+    return f" (matrix multiplies: {backend}; `CT2_USE_MKL=0` chooses oneDNN on Intel CPUs)" if backend else ""
 
 
 def _bench_table(bench: dict) -> str:

@@ -264,7 +264,7 @@ def benchmark_ctranslate2(recipe: Recipe, tokenizer, pruned, sources: list[str],
              f"tokens: pruned {result['pruned']['sentences_per_s']:.1f} sentences/s, full-size "
              f"{result['full']['sentences_per_s']:.1f}: {result['speedup']:.2f}× (heads executed "
              f"{result['pruned']['heads_executed']} of {result['full']['heads_executed']}, "
-             f"{result['pruned']['heads_kept']} kept)")
+             f"{result['pruned']['heads_kept']} kept; matrix multiplies: {result['gemm_backend']})")
     return result
 
 
