@@ -36,6 +36,9 @@
 #                        200/300, shrinks at 300/500 (chosen by the selection on 2026-11-29: the recipe's default)
 #   fast-h36-f75         the same with neurons 25/50/75 % at 200/300/400
 #   fast-f50             neurons only, 25/50 % at 200/300, shrink at 300
+#   fast-h36-f50-served  fast-h36-f50 in the layout the hardware and CTranslate2 run fastest (added 2026-12-01, after
+#                        the proof's arm was fixed; not one of the selection's arms): every FFN width a multiple of
+#                        64 (pruning.ffn_multiple_of) and one head count per stack (pruning.same_heads_per_stack)
 # Every fast arm states its whole schedule, so that a change of the recipe's default changes none of them.
 # SCRATCH_FROM (default gradual) names the arm whose final architecture the scratch arm trains; another arm than
 # gradual is kept as scratch-of-ARM-sSEED (SCRATCH_FROM=early: the default's architecture from scratch).
@@ -120,6 +123,9 @@ case "$arm" in
                         --set 'pruning.shrink_steps=[200]') ;;
   fast-h36-f50) sets=("${heads_default[@]}" --set 'pruning.ffn_schedule_steps={200: 0.25, 300: 0.5}'
                       --set 'pruning.shrink_steps=[300, 500]') ;;
+  fast-h36-f50-served) sets=("${heads_default[@]}" --set 'pruning.ffn_schedule_steps={200: 0.25, 300: 0.5}'
+                             --set 'pruning.shrink_steps=[300, 500]' --set pruning.ffn_multiple_of=64
+                             --set pruning.same_heads_per_stack=true) ;;
   fast-h36-f75) sets=("${heads_default[@]}" --set 'pruning.ffn_schedule_steps={200: 0.25, 300: 0.5, 400: 0.75}'
                       --set 'pruning.shrink_steps=[300, 500]') ;;
   fast-f50) sets=("${no_heads[@]}" --set 'pruning.ffn_schedule_steps={200: 0.25, 300: 0.5}'

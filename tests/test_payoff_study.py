@@ -826,6 +826,27 @@ def test_fast_study_runs_the_six_arms_fixed_before_it_and_chooses_on_validation_
         load_recipe("wmt-small-deen-fast", [s.split(" --output")[0] for s in sets])
 
 
+def test_the_served_fast_arm_is_the_fast_default_in_the_hardwares_layout(tmp_path):
+    """payoff_study.sh fast-h36-f50-served: fast-h36-f50's whole schedule through the fast recipe, with every FFN width a
+    multiple of 64 and one head count per stack; its settings are a valid recipe."""
+    from prunetrain.mt.config.recipe import load_recipe
+
+    run = _study_script(tmp_path, study="wmt-small-deen-fast-served")
+    code, err, args, kept = run(["fast-h36-f50-served", "3"], {"STUDY": "fast-served", "COOLDOWN": "0.2"})
+    assert code == 0, err
+    assert args[0] == "recipe" and args[1] == "wmt-small-deen-fast", args
+    assert args[-2:] == ["--output", "checkpoints/fast-served/fast-h36-f50-served-cooldown-s3"]
+    assert kept == ["fast-h36-f50-served-cooldown-s3"]
+    for setting in ("pruning.schedule_steps={200: 0.25, 300: 0.5, 400: 0.625, 500: 0.75}",
+                    "pruning.ffn_schedule_steps={200: 0.25, 300: 0.5}", "pruning.shrink_steps=[300, 500]",
+                    "pruning.ffn_multiple_of=64", "pruning.same_heads_per_stack=true", "train.seed=3",
+                    "train.cooldown=0.2", "eval.print_test=false"):
+        assert setting in args, (setting, args)
+    sets = [args[i + 1] for i, a in enumerate(args) if a == "--set"]
+    recipe = load_recipe("wmt-small-deen-fast", sets)
+    assert (recipe.pruning.ffn_multiple_of, recipe.pruning.same_heads_per_stack) == (64, True)
+
+
 def test_same_run_compares_steps_flops_layout_and_every_kept_translation(tmp_path):
     """scripts/same_run.py: a run trained again is the kept run only when its steps, FLOPs, heads, parameters, final
     layout and the translations of every split the kept run has are equal; each difference is named (no score)."""
