@@ -86,8 +86,7 @@ def ctranslate2_speed(pruned, full, tokenizer, sources: list[str], *, beams: int
         seconds = statistics.median(values)
         record[name].update(median_s=seconds, sentences_per_s=len(sources) / seconds, seconds=values)
     return {"engine": f"ctranslate2 {ctranslate2.__version__}", "compute_type": "float32", "gemm_backend": backend,
-            "beams": beams,
-            "length": length, "batch_size": batch_size, "sentences": len(sources), "rounds": repeats,
+            "beams": beams, "length": length, "batch_size": batch_size, "sentences": len(sources), "rounds": repeats,
             "threads": threads, **record, "speedup": record["full"]["median_s"] / record["pruned"]["median_s"]}
 
 

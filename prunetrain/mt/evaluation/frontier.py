@@ -109,8 +109,8 @@ def frontier(models: dict[str, str | Path], test_sets: dict[str, list[tuple[str,
     for row in rows:
         row["speedup"] = rows[0]["median_s"] / row["median_s"]
     return {"settings": {"engine": f"ctranslate2 {ctranslate2.__version__}", "gemm_backend": backend,
-                         "beams": beams, "threads": threads,
-                         "batch_size": batch_size, "rounds": repeats, "timing_split": timing_split,
+                         "beams": beams, "threads": threads, "batch_size": batch_size, "rounds": repeats,
+                         "timing_split": timing_split,
                          "timing_sentences": sentences, "decoding": "free (each output to its end, at most 256)",
                          "test_sets": {split: len(pairs) for split, pairs in test_sets.items()}},
             "rows": rows}

@@ -421,8 +421,9 @@ def _ctranslate2_lines(ct2: dict | None) -> list[str]:
             f"{full['sentences_per_s']:.1f} | 1.00 |",
             f"| final model | {pruned['heads_kept']} | {pruned['heads_executed']} | {pruned['sentences_per_s']:.1f} | "
             f"{ct2['speedup']:.2f} |", "",
-            f"{ct2['engine']}, {ct2['compute_type']}{_backend(ct2)}, beam {ct2['beams']}, {ct2['sentences']} test sentences in "
-            f"batches of {ct2['batch_size']}, every output forced to {ct2['length']} tokens, {ct2['threads']} threads, "
+            f"{ct2['engine']}, {ct2['compute_type']}{_backend(ct2)}, beam {ct2['beams']}, {ct2['sentences']} test "
+            f"sentences in batches of {ct2['batch_size']}, every output forced to {ct2['length']} tokens, "
+            f"{ct2['threads']} threads, "
             f"median of {ct2['rounds']} interleaved rounds. Serve the model with `prunetrain export pruned DIR "
             f"--format ctranslate2` (docs/export.md).", ""]
 
