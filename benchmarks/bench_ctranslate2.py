@@ -56,30 +56,27 @@ import torch
 
 from prunetrain import find_heads
 from prunetrain.bench import count_flops
+from prunetrain.export.ctranslate2 import STACKS, stack_heads
+from prunetrain.methods.constraints import STACK_OF_KIND
 
 REPO = Path(__file__).resolve().parents[1]
 LAYOUT = REPO / "recipes/results/wmt-small-deen-study/small-steps-cooldown-s0/layout.json"
 DATA = REPO.parent / "shared/data/multi30k"
 
 
-STACK = {"encoder_self": "encoder", "decoder_self": "decoder", "cross": "decoder"}
-
-
-def padded_counts(model, kept: dict) -> dict:
-    """Per attention site, the heads CTranslate2 executes for a model keeping `kept[site]`: its stack's largest
-    count (at least one)."""
-    largest = {}
-    for site in find_heads(model):
-        largest[STACK[site.kind]] = max(largest.get(STACK[site.kind], 1), kept[site.name])
-    return {site.name: largest[STACK[site.kind]] for site in find_heads(model)}
+def padded_counts(pruned) -> dict:
+    """Per attention site of `pruned`, the heads CTranslate2 executes: its stack's count (`stack_heads`: the largest
+    kept in the stack, at least one)."""
+    executed = stack_heads(pruned)
+    return {site.name: executed[STACK_OF_KIND[site.kind]] for site in find_heads(pruned)}
 
 
 def per_stack_counts(model, kept: dict) -> dict:
     """Per attention site, as many heads in all as `kept` holds, one count per stack (the nearest)."""
     sites = find_heads(model).sites
-    per_stack = {stack: round(sum(kept[s.name] for s in sites if STACK[s.kind] == stack)
-                              / sum(1 for s in sites if STACK[s.kind] == stack)) for stack in ("encoder", "decoder")}
-    return {site.name: per_stack[STACK[site.kind]] for site in sites}
+    per_stack = {stack: round(sum(kept[s.name] for s in sites if STACK_OF_KIND[s.kind] == stack)
+                              / sum(1 for s in sites if STACK_OF_KIND[s.kind] == stack)) for stack in STACKS}
+    return {site.name: per_stack[STACK_OF_KIND[site.kind]] for site in sites}
 
 
 def arms(model, layout: Path | None = None, multiple: int = 64) -> dict:
@@ -92,7 +89,7 @@ def arms(model, layout: Path | None = None, multiple: int = 64) -> dict:
     def half(site):
         return round(0.5 * site.num_heads)
 
-    padded, stacked = padded_counts(model, kept), per_stack_counts(model, kept)
+    stacked = per_stack_counts(model, kept)
     if layout is not None:  # a trained run's heads and FFN widths, and the same in CTranslate2's layout
         def trained(site):
             return kept[site.name]
@@ -100,10 +97,13 @@ def arms(model, layout: Path | None = None, multiple: int = 64) -> dict:
         def rounded(site):
             return min(C.round_width(kept[site.name], multiple), site.num_heads)
 
-        return {"full": (model, model), "run": (keep(kept, trained), keep(padded, trained)),
+        run = keep(kept, trained)
+        return {"full": (model, model), "run": (run, keep(padded_counts(run), trained)),
                 "run per-stack": (keep(stacked, trained),) * 2,
                 f"run per-stack ffn/{multiple}": (keep(stacked, rounded),) * 2}
-    return {"full": (model, model), "pruned": (keep(kept), keep(padded)), "per-stack": (keep(stacked),) * 2,
+    pruned = keep(kept)
+    padded = padded_counts(pruned)
+    return {"full": (model, model), "pruned": (pruned, keep(padded)), "per-stack": (keep(stacked),) * 2,
             "pruned+ffn50": (keep(kept, half), keep(padded, half)), "per-stack+ffn50": (keep(stacked, half),) * 2}
 
 
@@ -300,8 +300,8 @@ def main():
     C.write_json(C.output_path(args, "ctranslate2" if args.layout is None else "ctranslate2_layout"), {
         "command": C.command_line(), **env, "threads": threads, "batch_size": args.batch_size,
         "length": args.length, "sentences": len(sources), "rounds": 1 if args.quick else args.repeats,
-        "one_process_per_timing": True, "ctranslate2": ctranslate2.__version__, "gemm_backend": backend, "torch": torch.__version__,
-        "results": results})
+        "one_process_per_timing": True, "ctranslate2": ctranslate2.__version__, "gemm_backend": backend,
+        "torch": torch.__version__, "results": results})
 
 
 if __name__ == "__main__":

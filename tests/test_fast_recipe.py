@@ -90,9 +90,8 @@ def test_the_fast_smoke_with_serving_constraints_keeps_ffn_tiles_and_one_head_co
     out = tmp_path / "run"
     done = run_cli("recipe", "wmt-small-deen-fast", "--smoke", "--set", "pruning.ffn_multiple_of=8", "--set",
                    "pruning.same_heads_per_stack=true", "--set", "pruning.min_heads_per_layer=0", "--set",
-                   "eval.bench=false", "--set",
-                   "eval.more_test_splits=[]", "--set", "eval.test_steps=[]", "--set", "eval.num_beams=1", "--set",
-                   "eval.test_limit=16", "--data-dir", multi30k_dir, "--output", out)
+                   "eval.bench=false", "--set", "eval.more_test_splits=[]", "--set", "eval.test_steps=[]", "--set",
+                   "eval.num_beams=1", "--set", "eval.test_limit=16", "--data-dir", multi30k_dir, "--output", out)
     assert done.returncode == 0, done.stderr[-3000:]
     results = json.loads((out / "results.json").read_text())
     widths = results["ffn_widths"]

@@ -131,16 +131,14 @@ def prune(
 
 def _serving_constraints(heads_multiple_of: int, ffn_multiple_of: int, same_heads_per_stack: bool, units):
     """The `ServingConstraints` of prune's flags, None when every flag is at its default (no constraint)."""
-    from prunetrain.methods.constraints import ServingConstraints
+    from prunetrain.methods.constraints import constraints_if_any
 
     check_int("--heads-multiple-of", heads_multiple_of, 1)
     check_int("--ffn-multiple-of", ffn_multiple_of, 1)
     if ffn_multiple_of > 1 and "neurons" not in units:
         raise UserError(f"--ffn-multiple-of: {ffn_multiple_of} rounds the widths of pruned FFNs, but no FFN neuron is "
                         f"pruned; give --ffn-amount or --flops.")
-    if heads_multiple_of == 1 and ffn_multiple_of == 1 and not same_heads_per_stack:
-        return None
-    return ServingConstraints(same_heads_per_stack=same_heads_per_stack, heads_multiple_of=heads_multiple_of,
+    return constraints_if_any(same_heads_per_stack=same_heads_per_stack, heads_multiple_of=heads_multiple_of,
                               neurons_multiple_of=ffn_multiple_of)
 
 

@@ -60,6 +60,13 @@ class ServingConstraints:
                 raise ValueError(f"{name}: {getattr(self, name)!r} is not allowed; expected True or False.")
 
 
+def constraints_if_any(**settings) -> "ServingConstraints | None":
+    """`ServingConstraints(**settings)`, or None when that is the default (no constraint beyond whole key/value
+    groups): what a recipe or the CLI passes on when its settings are left alone."""
+    constraints = ServingConstraints(**settings)
+    return None if constraints == ServingConstraints() else constraints
+
+
 def check_constraints(constraints, argument: str = "constraints") -> "ServingConstraints | None":
     """`constraints` must be None or a `ServingConstraints`."""
     if constraints is not None and not isinstance(constraints, ServingConstraints):

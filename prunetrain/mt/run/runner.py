@@ -65,12 +65,10 @@ def beyond_epochs(recipe: Recipe) -> dict[str, list[float]]:
 def serving_constraints(recipe: Recipe):
     """The `ServingConstraints` of `pruning.ffn_multiple_of` and `pruning.same_heads_per_stack`, None at their
     defaults (no constraint)."""
-    from prunetrain.methods.constraints import ServingConstraints
+    from prunetrain.methods.constraints import constraints_if_any
 
     p = recipe.pruning
-    if p.ffn_multiple_of == 1 and not p.same_heads_per_stack:
-        return None
-    return ServingConstraints(neurons_multiple_of=p.ffn_multiple_of, same_heads_per_stack=p.same_heads_per_stack)
+    return constraints_if_any(neurons_multiple_of=p.ffn_multiple_of, same_heads_per_stack=p.same_heads_per_stack)
 
 
 def make_callbacks(recipe: Recipe, inputs: RunInputs, model_config=None) -> tuple[list, TimeCapCallback, object]:
