@@ -22,7 +22,9 @@
 # QUESTIONS (default "flops time") names the questions and their order: "time flops" runs the equal-time runs first
 # (the fast proof does: its headline is at equal wall-clock, and those runs must share one machine type, so they go
 # while the session has the machine of the kept timed runs: the AMD EPYC since 2026-11-30, recipes/wmt-small-deen-fast.md),
-# "time" or "flops" one of them alone (the equal-FLOPs runs may run on any machine).
+# "time" or "flops" one of them alone (the equal-FLOPs runs may run on any machine). Before the fast proof's first
+# timed run, the full model's step is timed against the kept runs' EPYC (study_runs.sh same_speed): a machine of
+# another speed is refused, exit 2, before anything runs.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 fail() { echo "proof_study.sh: $*" >&2; exit 2; }
@@ -42,6 +44,12 @@ questions=${QUESTIONS:-flops time}
   fail "QUESTIONS '$questions' is not one of 'flops time', 'time flops', 'flops', 'time'"
 seeds="0 1 2 3 4"
 source scripts/study_runs.sh "$study"
+# the fast proof's timed runs step at the speed of the EPYC that made its kept ones: the full model's bf16 step timed
+# there on 2026-11-30, in the session of seed 0's kept timed runs (benchmarks/README.md l5); SPEED_REFERENCE names
+# another such measurement, SPEED_REFERENCE= (empty) leaves the speed unchecked (study_runs.sh, same_speed)
+if [ "$study" = fast-proof ]; then
+  speed_reference=${SPEED_REFERENCE-benchmarks/results/recipe_step_profile_plain_records_epyc.json}
+fi
 
 run_question() {  # OUT SUFFIX [VAR=VALUE ...]: the three arms at every seed, then their comparison into OUT
   local out=$1 suffix=$2 seed

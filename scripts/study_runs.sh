@@ -20,8 +20,11 @@
 # starting a run when checkpoints/STUDY/STOP is there (the file is removed when seen). MAX_MINUTES (default 150) is
 # every run's wall-time guard. A timed run (TIME_MINUTES) shares its study's machine: run_arm refuses (exit 2) to
 # start one on another machine than the kept timed runs' (`results.json` `machine`: CPU model, cores, native bf16/AMX,
-# GPU); the study's FLOP-budget runs may come from any machine (a run trained again on another CPU type is the kept
-# run bit for bit: scripts/same_run.py).
+# GPU; and, since 2026-12-01, the CPU's family, model and stepping), and, where the caller set speed_reference (a
+# `benchmarks/profile_recipe_step.py` JSON made on the kept runs' machine), to start the first timed run of an
+# invocation on a machine whose full-model bf16 step differs from it by more than SPEED_TOLERANCE (default 1.25×;
+# scripts/same_speed.py; SPEED_MEASURED=FILE uses a measurement made already). The study's FLOP-budget runs may come
+# from any machine (a run trained again on another CPU type is the kept run bit for bit: scripts/same_run.py).
 study=$1
 arm_script=${2:-payoff_study.sh}
 kept=recipes/results/wmt-small-deen-$study
@@ -37,7 +40,7 @@ run_arm() {
     return
   fi
   stop_before "$name-s$seed"
-  [[ " $* " == *" TIME_MINUTES="* ]] && same_machine
+  if [[ " $* " == *" TIME_MINUTES="* ]]; then same_machine; same_speed; fi
   local out=checkpoints/$study/$name-s$seed
   if [ -f "$out/run_complete.json" ]; then  # finished, but not kept
     bash scripts/keep_run.sh "$out" "$kept/$name-s$seed"
@@ -77,11 +80,26 @@ for results in sorted(Path(sys.argv[1]).glob("*/results.json")):
     run = json.loads(results.read_text())
     if not run.get("max_train_seconds"):  # a FLOP-budget run: its result does not depend on the machine
         continue
-    there = run.get("machine")
-    if there is not None and there != here:
+    there = run.get("machine")  # an older record lacks the CPU's generation: what it names must match
+    if there is not None and any(there[key] != here.get(key) for key in there):
         sys.exit(f"{results.parent} ran on {there}, this machine is {here}: a study's timed runs share one machine; "
                  f"finish it on that machine or move {sys.argv[1]} aside to start it again here.")
 PY
+}
+
+same_speed() {  # once per invocation, before its first timed run: this machine's step against the study's reference
+  [ -n "${speed_reference:-}" ] && [ -z "${speed_checked:-}" ] || return 0
+  local measured=${SPEED_MEASURED:-}
+  if [ -z "$measured" ]; then
+    mkdir -p "checkpoints/$study"
+    measured=checkpoints/$study/speed-$(date -u +%Y%m%dT%H%M%S).json
+    echo "$study: timing the full model's bf16 step against $speed_reference (about a minute)"
+    .venv/bin/python benchmarks/profile_recipe_step.py --threads 2 --precisions bf16 --arms 144 \
+      --variants fused+fused --repeats 3 --out "$measured" > /dev/null || exit 2
+  fi
+  .venv/bin/python scripts/same_speed.py "$speed_reference" "$measured" --tolerance "${SPEED_TOLERANCE:-1.25}" \
+    || exit 2
+  speed_checked=1
 }
 
 compare_arms() {

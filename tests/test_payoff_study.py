@@ -191,7 +191,7 @@ def _study_script(tmp_path, script="payoff_study.sh", study="wmt-small-deen-stud
     root = tmp_path / "tree"
     (root / "scripts").mkdir(parents=True)
     for name in dict.fromkeys((script, "payoff_study.sh", "keep_run.sh", "study_args.sh", "study_runs.sh",
-                               "same_run.py")):
+                               "same_run.py", "same_speed.py")):
         shutil.copy(Path(__file__).resolve().parents[1] / "scripts" / name, root / "scripts")
     fake = root / ".venv" / "bin" / "prunetrain"
     fake.parent.mkdir(parents=True)
@@ -426,11 +426,13 @@ def test_the_fast_models_proof_is_a_study_of_its_own(tmp_path):
     root = tmp_path / "tree"
     _study_script(tmp_path, "proof_study.sh")
     (root / ".venv" / "bin" / "prunetrain").write_text(RECORDING_PRUNETRAIN)
+    same_speed = _speed_reference(root)  # this machine's step measured as the reference's (same_speed's own test)
 
     def run(questions):
         (root / "calls.txt").unlink(missing_ok=True)
         done = subprocess.run(["bash", "scripts/proof_study.sh"], cwd=root, capture_output=True, text=True,
-                              env={**os.environ, "DEFAULT": "fast-h36-f50", "QUESTIONS": questions})
+                              env={**os.environ, "DEFAULT": "fast-h36-f50", "QUESTIONS": questions,
+                                   "SPEED_MEASURED": str(same_speed)})
         assert done.returncode == 0, done.stderr
         calls = (root / "calls.txt").read_text().splitlines()
         return [c for c in calls if c.startswith("recipe ")], [c for c in calls if c.startswith("compare ")]
@@ -776,6 +778,137 @@ def test_a_study_refuses_to_time_a_run_on_another_machine_than_its_kept_runs(tmp
     done = subprocess.run(["bash", "scripts/fast_study.sh"], cwd=root, capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
     assert len([c for c in (root / "calls.txt").read_text().splitlines() if c.startswith("recipe ")]) == 5
+
+
+SPEED_REFERENCE = "benchmarks/results/recipe_step_profile_plain_records_epyc.json"  # proof_study.sh's for fast-proof
+
+
+def _speed_profile(path, step_s: float, variant: str = "fused+fused"):
+    """A `benchmarks/profile_recipe_step.py` result at `path` whose full model steps in `step_s` (bf16)."""
+    import json
+
+    rows = [{"precision": "bf16", "variant": variant, "arm": "144", "step_s": step_s},
+            {"precision": "fp32", "variant": variant, "arm": "144", "step_s": 3 * step_s}]
+    path.write_text(json.dumps({"command": "profile_recipe_step.py", "results": rows}))
+    return path
+
+
+def _speed_reference(root, ratio: float = 1.0):
+    """The fast proof's speed reference copied into the scratch tree `root`, and a measurement of this machine
+    `ratio` times its full-model step (the path of the measurement)."""
+    import shutil
+    from pathlib import Path
+
+    reference = root / SPEED_REFERENCE
+    reference.parent.mkdir(parents=True, exist_ok=True)
+    shutil.copy(Path(__file__).resolve().parents[1] / SPEED_REFERENCE, reference)
+    step = next(row["step_s"] for row in json.loads(reference.read_text())["results"]
+                if row["arm"] == "144" and row["precision"] == "bf16")
+    return _speed_profile(root / f"measured-{ratio}.json", ratio * step)
+
+
+def test_same_speed_compares_the_full_models_step_with_the_reference_machines(tmp_path):
+    """scripts/same_speed.py: within [1/t, t] of the reference's full-model bf16 step is one line on stdout, exit 0;
+    slower or faster beyond it one line on stderr saying which way and by how much, exit 2; a profile without the
+    reference's variant, an unreadable file or a tolerance not above 1 exit 2 without a traceback. The fast proof's
+    reference (benchmarks/README.md l5, made on the EPYC of its kept timed runs) holds the row it compares."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    script = Path(__file__).resolve().parents[1] / "scripts" / "same_speed.py"
+    reference = _speed_profile(tmp_path / "reference.json", 0.300)
+
+    def same_speed(measured, *options):
+        return subprocess.run([sys.executable, str(script), str(reference), str(measured), *options],
+                              capture_output=True, text=True)
+
+    for step, code, words in [(0.300, 0, "same speed"), (0.370, 0, "1.23×, within 1.25×"),
+                              (0.380, 2, "1.27× slower, beyond 1.25×"), (0.516, 2, "1.72× slower"),
+                              (0.200, 2, "1.50× faster")]:
+        done = same_speed(_speed_profile(tmp_path / f"m{step}.json", step))
+        said = done.stdout if code == 0 else done.stderr
+        assert done.returncode == code and words in said and said.count("\n") == 1, (step, done)
+        assert f"{step:.3f} s against the reference's 0.300 s" in said, said
+    done = same_speed(_speed_profile(tmp_path / "m.json", 0.380), "--tolerance", "1.3")
+    assert done.returncode == 0, done.stderr
+    for measured, options, words in [(_speed_profile(tmp_path / "v.json", 0.3, "model+adamw"), (),
+                                      "holds no bf16 step of the 144-head model with variant fused+fused"),
+                                     (tmp_path / "absent.json", (), "is not a readable profile_recipe_step.py"),
+                                     (reference, ("--tolerance", "1"), "--tolerance 1.0 is not allowed")]:
+        done = same_speed(measured, *options)
+        assert done.returncode == 2 and words in done.stderr and "Traceback" not in done.stderr, done.stderr
+    sys.path.insert(0, str(script.parent))
+    try:
+        from same_speed import full_model_step
+    finally:
+        sys.path.remove(str(script.parent))
+    step, variant = full_model_step(Path(__file__).resolve().parents[1] / SPEED_REFERENCE)
+    assert variant == "fused+fused" and 0.1 < step < 1.0
+
+
+def test_the_fast_proof_refuses_a_timed_run_on_a_machine_of_another_speed(tmp_path):
+    """proof_study.sh for the fast proof: before its first timed run, this machine's full-model step against the
+    EPYC of the kept timed runs (study_runs.sh same_speed; SPEED_MEASURED gives the measurement): 1.5× slower is one
+    line, exit 2, before any run; SPEED_TOLERANCE widens the band; SPEED_REFERENCE= (empty) leaves it unchecked; a
+    FLOP-budget question is never checked."""
+    import os
+    import subprocess
+
+    root = tmp_path / "tree"
+    _study_script(tmp_path, "proof_study.sh")
+    (root / ".venv" / "bin" / "prunetrain").write_text(RECORDING_PRUNETRAIN)
+    slower = _speed_reference(root, 1.5)
+
+    def run(questions, **env):
+        (root / "calls.txt").unlink(missing_ok=True)
+        done = subprocess.run(["bash", "scripts/proof_study.sh"], cwd=root, capture_output=True, text=True,
+                              env={**os.environ, "DEFAULT": "fast-h36-f50", "QUESTIONS": questions,
+                                   "SPEED_MEASURED": str(slower), **env})
+        calls = (root / "calls.txt").read_text().splitlines() if (root / "calls.txt").is_file() else []
+        return done, [c for c in calls if c.startswith("recipe ")]
+
+    done, recipes = run("time")
+    assert done.returncode == 2 and recipes == [], done.stderr
+    assert done.stderr.startswith("same_speed.py: ") and "1.50× slower, beyond 1.25×" in done.stderr, done.stderr
+    assert done.stderr.count("\n") == 1 and not (root / "checkpoints" / "fast-proof" / "equal-time").exists()
+    done, recipes = run("flops")
+    assert done.returncode == 0 and len(recipes) == 15, done.stderr
+    done, recipes = run("time", SPEED_TOLERANCE="1.6")
+    assert done.returncode == 0 and len(recipes) == 15 and "same speed" in done.stdout, done.stderr
+    assert done.stdout.count("same_speed.py: ") == 1  # once per invocation, not before each run
+    (root / "recipes" / "results" / "wmt-small-deen-fast-proof").rename(root / "kept-aside")
+    (root / "checkpoints" / "fast-proof").rename(root / "runs-aside")
+    done, recipes = run("time", SPEED_REFERENCE="")
+    assert done.returncode == 0 and len(recipes) == 15 and "same_speed" not in done.stdout + done.stderr
+
+
+def test_a_study_compares_the_cpu_generation_where_the_kept_record_names_it(tmp_path):
+    """machine() names the CPU's x86 family, model and stepping (two CPUs sold under one name differ in speed);
+    study_runs.sh compares what a kept timed run's record names: an older record without the generation, on this
+    CPU, goes on; a record of another family is refused in one line, exit 2."""
+    import subprocess
+    from pathlib import Path
+
+    from prunetrain.bench.environment import machine
+
+    here = machine()
+    assert {"cpu_family", "cpu_model_number", "cpu_stepping"} <= set(here)
+    if Path("/proc/cpuinfo").is_file() and "cpu family" in Path("/proc/cpuinfo").read_text():
+        assert here["cpu_family"] and here["cpu_model_number"], here
+    root = tmp_path / "tree"
+    _study_script(tmp_path, "fast_study.sh")
+    (root / ".venv" / "bin" / "prunetrain").write_text(RECORDING_PRUNETRAIN)
+    kept = root / "recipes" / "results" / "wmt-small-deen-fast" / "fast-h36-f50-early-cooldown-time20min-measure-s100"
+    kept.mkdir(parents=True)
+    older = {k: v for k, v in here.items() if k not in ("cpu_family", "cpu_model_number", "cpu_stepping")}
+    for record, code in [({**here, "cpu_family": "another"}, 2), (older, 0)]:
+        (kept / "results.json").write_text(json.dumps({"machine": record, "max_train_seconds": 1200.0}))
+        (root / "calls.txt").unlink(missing_ok=True)
+        done = subprocess.run(["bash", "scripts/fast_study.sh"], cwd=root, capture_output=True, text=True)
+        assert done.returncode == code, done.stderr
+        assert (root / "calls.txt").exists() == (code == 0)
+        assert code == 0 or ("'cpu_family': 'another'" in done.stderr and done.stderr.count("\n") == 1)
 
 
 def test_fast_study_runs_the_six_arms_fixed_before_it_and_chooses_on_validation_only(tmp_path):

@@ -55,18 +55,25 @@ def environment(device: torch.device) -> dict:
 
 
 def machine() -> dict:
-    """The machine a run's timings belong to: CPU model, core count, the CPU's native bf16/AMX instructions and the
-    GPU, if any. Runs compared at equal wall-clock must share it (`prunetrain compare` shows it per arm)."""
-    cpu, flags = None, set()
+    """The machine a run's timings belong to: CPU model, core count, the CPU's generation (x86 family, model and
+    stepping: two CPUs sold under one name, e.g. "AMD EPYC", can differ 1.5× in speed), its native bf16/AMX
+    instructions and the GPU, if any. Runs compared at equal wall-clock must share it (`prunetrain compare` shows it
+    per arm; scripts/study_runs.sh refuses a timed run on another machine than its study's kept ones)."""
+    cpu, flags, generation = None, set(), {}
+    fields = {"cpu family": "cpu_family", "model": "cpu_model_number", "stepping": "cpu_stepping"}
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name") and cpu is None:
-                cpu = line.split(":", 1)[1].strip()
-            elif line.startswith("flags") and not flags:
-                flags = set(line.split(":", 1)[1].split())
+            key, _, value = (part.strip() for part in line.partition(":"))
+            if key == "model name" and cpu is None:
+                cpu = value
+            elif key == "flags" and not flags:
+                flags = set(value.split())
+            elif key in fields and fields[key] not in generation:
+                generation[fields[key]] = value
     except OSError:
         cpu = platform.processor() or None
     record = {"cpu": cpu, "cpu_count": os.cpu_count(),
+              **{name: generation.get(name) for name in fields.values()},
               "cpu_bf16": sorted(flags & {"avx512_bf16", "amx_bf16", "amx_tile"}),
               "gpu": torch.cuda.get_device_name() if torch.cuda.is_available() else None}
     return record
