@@ -56,9 +56,10 @@ def environment(device: torch.device) -> dict:
 
 def machine() -> dict:
     """The machine a run's timings belong to: CPU model, core count, the CPU's generation (x86 family, model and
-    stepping: two CPUs sold under one name, e.g. "AMD EPYC", can differ 1.5× in speed), its native bf16/AMX
-    instructions and the GPU, if any. Runs compared at equal wall-clock must share it (`prunetrain compare` shows it
-    per arm; scripts/study_runs.sh refuses a timed run on another machine than its study's kept ones)."""
+    stepping: two CPUs sold under one name, e.g. "AMD EPYC", stepped the recipe's model 1.65–1.89× apart,
+    benchmarks/README.md l7), its native bf16/AMX instructions and the GPU, if any. Runs compared at equal
+    wall-clock must share it (`prunetrain compare` shows it per arm; scripts/study_runs.sh refuses a timed run on
+    another machine than its study's kept ones)."""
     cpu, flags, generation = None, set(), {}
     fields = {"cpu family": "cpu_family", "model": "cpu_model_number", "stepping": "cpu_stepping"}
     try:
