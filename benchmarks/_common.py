@@ -77,12 +77,17 @@ def wait_for_idle(max_wait: float, threshold: float = 0.25) -> float | None:
 
 
 def setup(args) -> dict:
+    """Threads, seed and a quiet start: the record every result keeps of its start (how busy the machine was, its
+    load) and of the machine (`prunetrain.bench.environment.machine()`: CPU name, generation, cores, bf16
+    instructions, GPU), so a number always says which machine it came from."""
+    from prunetrain.bench.environment import machine
+
     if args.threads is not None:
         torch.set_num_threads(args.threads)
     torch.manual_seed(0)
     busy = wait_for_idle(args.wait_idle) if args.wait_idle > 0 else cpu_busy(1.0)
     print(f"machine busy at start: {busy:.0%} of cores (other processes); load average {loadavg()}", flush=True)
-    return {"busy_at_start": busy, "loadavg_at_start": loadavg()}
+    return {**machine(), "busy_at_start": busy, "loadavg_at_start": loadavg()}
 
 
 def quiet_transformers() -> None:

@@ -54,7 +54,6 @@ def main() -> None:
     repeats = 1 if args.quick else args.repeats
     environment = C.setup(args)
 
-    from prunetrain.bench.environment import machine
     from prunetrain.mt.evaluation.frontier import frontier, frontier_figure, frontier_table
     from prunetrain.mt.text.data import read_parallel
 
@@ -67,7 +66,7 @@ def main() -> None:
                           compute_types=tuple(t for t in args.compute_types.split(",") if t))
     except ValueError as err:
         sys.exit(str(err))
-    result.update(machine=machine(), command=C.command_line(), quick=args.quick, **environment)
+    result.update(machine=environment, command=C.command_line(), quick=args.quick)
     out = args.out or C.RESULTS / "frontier.json"
     C.write_json(out, result)
     table = frontier_table(result)

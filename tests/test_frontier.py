@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from prunetrain.bench.environment import machine
 from prunetrain.mt.evaluation.frontier import frontier, frontier_figure, frontier_table, served_model_dir
 from prunetrain.mt.evaluation.translation import score_translations
 from prunetrain.mt.text.data import read_parallel
@@ -86,6 +87,9 @@ def test_the_benchmark_script_writes_json_table_and_figure(runs, multi30k_dir, t
     result = json.loads(out.read_text())
     assert [r["name"] for r in result["rows"]] == ["start", "pruned"] and result["quick"] is True
     assert result["settings"]["test_sets"] == {"test": 100} and result["machine"]["cpu_count"] >= 1
+    here = machine()  # every benchmark's start record names the machine (benchmarks/_common.py setup)
+    assert {"busy_at_start", "loadavg_at_start", *here} <= set(result["machine"]), result["machine"]
+    assert {key: result["machine"][key] for key in here} == here
     assert out.with_suffix(".md").read_text().count("\n") == 4 and out.with_suffix(".png").is_file()
     assert "| pruned | float32 |" in done.stdout
     bad = subprocess.run([sys.executable, "benchmarks/bench_frontier.py", "--model", "start", "--quick"], cwd=REPO,

@@ -754,7 +754,6 @@ def test_a_study_refuses_to_time_a_run_on_another_machine_than_its_kept_runs(tmp
     """study_runs.sh: the kept timed runs' `results.json` `machine` must be this machine's (equal wall-clock means one
     machine); another is refused in one line, exit 2, before anything runs; the same machine goes on. A kept run of a
     FLOP budget (no `max_train_seconds`) made on another machine does not stop a timed run."""
-    import json
     import subprocess
 
     from prunetrain.bench.environment import machine
@@ -785,12 +784,24 @@ SPEED_REFERENCE = "benchmarks/results/recipe_step_profile_plain_records_epyc.jso
 
 def _speed_profile(path, step_s: float, variant: str = "fused+fused"):
     """A `benchmarks/profile_recipe_step.py` result at `path` whose full model steps in `step_s` (bf16)."""
-    import json
-
     rows = [{"precision": "bf16", "variant": variant, "arm": "144", "step_s": step_s},
             {"precision": "fp32", "variant": variant, "arm": "144", "step_s": 3 * step_s}]
     path.write_text(json.dumps({"command": "profile_recipe_step.py", "results": rows}))
     return path
+
+
+def _full_model_step(path):
+    """scripts/same_speed.py's own reading of a profile at `path`: the full model's bf16 step and its variant."""
+    import sys
+    from pathlib import Path
+
+    scripts = str(Path(__file__).resolve().parents[1] / "scripts")
+    sys.path.insert(0, scripts)
+    try:
+        from same_speed import full_model_step
+    finally:
+        sys.path.remove(scripts)
+    return full_model_step(path)
 
 
 def _speed_reference(root, ratio: float = 1.0):
@@ -802,8 +813,7 @@ def _speed_reference(root, ratio: float = 1.0):
     reference = root / SPEED_REFERENCE
     reference.parent.mkdir(parents=True, exist_ok=True)
     shutil.copy(Path(__file__).resolve().parents[1] / SPEED_REFERENCE, reference)
-    step = next(row["step_s"] for row in json.loads(reference.read_text())["results"]
-                if row["arm"] == "144" and row["precision"] == "bf16")
+    step, _ = _full_model_step(reference)
     return _speed_profile(root / f"measured-{ratio}.json", ratio * step)
 
 
@@ -838,12 +848,7 @@ def test_same_speed_compares_the_full_models_step_with_the_reference_machines(tm
                                      (reference, ("--tolerance", "1"), "--tolerance 1.0 is not allowed")]:
         done = same_speed(measured, *options)
         assert done.returncode == 2 and words in done.stderr and "Traceback" not in done.stderr, done.stderr
-    sys.path.insert(0, str(script.parent))
-    try:
-        from same_speed import full_model_step
-    finally:
-        sys.path.remove(str(script.parent))
-    step, variant = full_model_step(Path(__file__).resolve().parents[1] / SPEED_REFERENCE)
+    step, variant = _full_model_step(Path(__file__).resolve().parents[1] / SPEED_REFERENCE)
     assert variant == "fused+fused" and 0.1 < step < 1.0
 
 
@@ -890,10 +895,10 @@ def test_a_study_compares_the_cpu_generation_where_the_kept_record_names_it(tmp_
     import subprocess
     from pathlib import Path
 
-    from prunetrain.bench.environment import machine
+    from prunetrain.bench.environment import CPU_GENERATION, machine
 
     here = machine()
-    assert {"cpu_family", "cpu_model_number", "cpu_stepping"} <= set(here)
+    assert set(CPU_GENERATION.values()) == {"cpu_family", "cpu_model_number", "cpu_stepping"} <= set(here)
     if Path("/proc/cpuinfo").is_file() and "cpu family" in Path("/proc/cpuinfo").read_text():
         assert here["cpu_family"] and here["cpu_model_number"], here
     root = tmp_path / "tree"
@@ -901,7 +906,7 @@ def test_a_study_compares_the_cpu_generation_where_the_kept_record_names_it(tmp_
     (root / ".venv" / "bin" / "prunetrain").write_text(RECORDING_PRUNETRAIN)
     kept = root / "recipes" / "results" / "wmt-small-deen-fast" / "fast-h36-f50-early-cooldown-time20min-measure-s100"
     kept.mkdir(parents=True)
-    older = {k: v for k, v in here.items() if k not in ("cpu_family", "cpu_model_number", "cpu_stepping")}
+    older = {k: v for k, v in here.items() if k not in CPU_GENERATION.values()}
     for record, code in [({**here, "cpu_family": "another"}, 2), (older, 0)]:
         (kept / "results.json").write_text(json.dumps({"machine": record, "max_train_seconds": 1200.0}))
         (root / "calls.txt").unlink(missing_ok=True)

@@ -54,6 +54,10 @@ def environment(device: torch.device) -> dict:
     return env
 
 
+CPU_GENERATION = {"cpu family": "cpu_family", "model": "cpu_model_number", "stepping": "cpu_stepping"}
+"""`/proc/cpuinfo`'s names of the CPU's x86 generation, and the keys `machine()` records them under."""
+
+
 def machine() -> dict:
     """The machine a run's timings belong to: CPU model, core count, the CPU's generation (x86 family, model and
     stepping: two CPUs sold under one name, e.g. "AMD EPYC", stepped the recipe's model 1.65–1.89× apart,
@@ -61,7 +65,6 @@ def machine() -> dict:
     wall-clock must share it (`prunetrain compare` shows it per arm; scripts/study_runs.sh refuses a timed run on
     another machine than its study's kept ones)."""
     cpu, flags, generation = None, set(), {}
-    fields = {"cpu family": "cpu_family", "model": "cpu_model_number", "stepping": "cpu_stepping"}
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
             key, _, value = (part.strip() for part in line.partition(":"))
@@ -69,15 +72,15 @@ def machine() -> dict:
                 cpu = value
             elif key == "flags" and not flags:
                 flags = set(value.split())
-            elif key in fields and fields[key] not in generation:
-                generation[fields[key]] = value
+            elif key in CPU_GENERATION and CPU_GENERATION[key] not in generation:
+                generation[CPU_GENERATION[key]] = value
     except OSError:
         cpu = platform.processor() or None
     record = {"cpu": cpu, "cpu_count": os.cpu_count(),
-              **{name: generation.get(name) for name in fields.values()},
+              **{name: generation.get(name) for name in CPU_GENERATION.values()},
               "cpu_bf16": sorted(flags & {"avx512_bf16", "amx_bf16", "amx_tile"}),
               "gpu": torch.cuda.get_device_name() if torch.cuda.is_available() else None}
     return record
 
 
-__all__ = ["environment", "loadavg", "machine", "torch_threads"]
+__all__ = ["CPU_GENERATION", "environment", "loadavg", "machine", "torch_threads"]
