@@ -104,6 +104,27 @@ def one_thread():
     torch.set_num_threads(before)
 
 
+def _int8_saturates() -> bool:
+    """Whether this x86 CPU multiplies int8 without VNNI (AVX2 only: no `avx512_vnni` / `avx_vnni`).
+
+    There u8 × s8 products go through `vpmaddubsw`, whose int16 pair sums saturate (oneDNN documents it for
+    non-VNNI CPUs), and CTranslate2 has no int16 type (it falls back to int8). Measured on a 2-core AVX2-only
+    "AMD EPYC" (2026-12-02): tests/test_export_readonly.py's int8 exports 0.115 |Δ log p| where VNNI CPUs give
+    about 1e-3, and tests/test_export_ffn.py's trained model 0.69 with 1 of 40 greedy translations equal to
+    float32's (repeated tokens), where VNNI CPUs give 0.01 and most equal."""
+    flags = Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").is_file() else ""
+    return " avx2" in flags and not any(f" {vnni}" in flags for vnni in ("avx512_vnni", "avx_vnni"))
+
+
+INT8_SATURATES = _int8_saturates()
+
+
+def int8_bound(bound: float) -> float:
+    """A bound on an int8 CTranslate2 model's |Δ log p| against float32: as given with VNNI, 2.5× where int8
+    saturates (`INT8_SATURATES`); a rescaled or wrong model is off by whole units either way."""
+    return bound * 2.5 if INT8_SATURATES else bound
+
+
 def run_cli(*args, cwd=None, timeout=900, env=None):
     """`python -m prunetrain.cli ...` in a subprocess (the real entry point: exit codes, stdout JSON, stderr)."""
     import subprocess

@@ -25,6 +25,7 @@ import torch
 from transformers import MarianMTModel
 
 import prunetrain as pt
+from conftest import int8_bound
 from prunetrain.export import export
 from prunetrain.export.ctranslate2 import QUANTIZATIONS, export_ctranslate2
 
@@ -257,8 +258,8 @@ def test_quantized_ctranslate2_export_keeps_the_logits_and_what_save_pruned_writ
         assert torch.equal(model(**inputs).logits, logits)
     pt.save_pruned(model, tmp_path / "after")
     assert directory_hashes(tmp_path / "after") == directory_hashes(tmp_path / "before")
-    # the quantized difference is measured against the model as given, not a rescaled one (measured ~1e-3)
-    assert result["max_abs_diff_quantized"] < 0.1, result
+    # the quantized difference is measured against the model as given, not a rescaled one (measured ~1e-3 with VNNI)
+    assert result["max_abs_diff_quantized"] < int8_bound(0.1), result
     info = json.loads((tmp_path / "ct2" / "prunetrain_ctranslate2.json").read_text())
     assert info["quantization"] == quantization
 
